@@ -1,0 +1,105 @@
+//! Embedded migrations, one folder per backend, applied by `dltsub migrate` and (by
+//! default) when `dltsub run` starts.
+//!
+//! Instances that start together race to migrate: two PostgreSQL sessions creating the same
+//! tables fail with `duplicate key … pg_type_typname_nsp_index`. So on PostgreSQL the
+//! migration runs under a session advisory lock, and on SQLite inside one `BEGIN IMMEDIATE`
+//! transaction; whoever comes second finds nothing left to apply.
+
+use diesel::connection::SimpleConnection;
+use diesel::migration::MigrationSource;
+use diesel::{Connection, SqliteConnection};
+use diesel_async::{AsyncConnection, AsyncMigrationHarness, SimpleAsyncConnection};
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+
+use crate::connection::{DatabaseUrl, PgConn, StoreOptions};
+use crate::StoreError;
+
+const POSTGRES_MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations/postgres");
+const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations/sqlite");
+
+/// What a migration run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Versions applied by this run, oldest first; empty when the schema was current.
+    pub applied: Vec<String>,
+    /// How many migrations the binary knows for this backend.
+    pub known: usize,
+}
+
+/// Applies every pending migration. Safe to call from many processes at once.
+pub async fn run_migrations(options: &StoreOptions) -> Result<MigrationReport, StoreError> {
+    match &options.url {
+        DatabaseUrl::Postgres(url) => migrate_postgres(url, options).await,
+        DatabaseUrl::Sqlite(path) => {
+            let path = path.clone();
+            let busy_ms = options.sqlite_busy_timeout.as_millis();
+            tokio::task::spawn_blocking(move || migrate_sqlite(&path, busy_ms))
+                .await
+                .map_err(|error| StoreError::Migration(format!("migration task failed: {error}")))?
+        }
+    }
+}
+
+/// The versions known to this binary for the backend of `url`, oldest first.
+pub fn known_migrations(url: &DatabaseUrl) -> Vec<String> {
+    let source = match url {
+        DatabaseUrl::Postgres(_) => POSTGRES_MIGRATIONS,
+        DatabaseUrl::Sqlite(_) => SQLITE_MIGRATIONS,
+    };
+    let migrations = MigrationSource::<diesel::pg::Pg>::migrations(&source).unwrap_or_default();
+    migrations.iter().map(|m| m.name().version().to_string()).collect()
+}
+
+async fn migrate_postgres(url: &str, options: &StoreOptions) -> Result<MigrationReport, StoreError> {
+    let mut conn = tokio::time::timeout(options.connect_timeout, PgConn::establish(url))
+        .await
+        .map_err(|_| StoreError::Connect(format!("no connection within {:?}", options.connect_timeout)))?
+        .map_err(|error| StoreError::Connect(error.to_string()))?;
+    // The key is per schema so that parallel tests, each in its own schema, don't queue
+    // behind each other; production instances share the schema and so the lock.
+    conn.batch_execute(
+        "SELECT pg_advisory_lock(hashtext('dltsub.migrate.' || current_schema()));",
+    )
+    .await?;
+    let known = MigrationSource::<diesel::pg::Pg>::migrations(&POSTGRES_MIGRATIONS)
+        .map_err(|error| StoreError::Migration(error.to_string()))?
+        .len();
+    // The harness drives diesel's synchronous migration code with block_in_place, which
+    // needs the multi-threaded runtime the daemon and the tests use.
+    let mut harness = AsyncMigrationHarness::new(conn);
+    let applied = harness
+        .run_pending_migrations(POSTGRES_MIGRATIONS)
+        .map(|versions| versions.iter().map(ToString::to_string).collect())
+        .map_err(|error| StoreError::Migration(error.to_string()));
+    // Dropping the connection would release the lock too; unlocking keeps it explicit.
+    let mut conn = harness.into_inner();
+    conn.batch_execute("SELECT pg_advisory_unlock_all();").await?;
+    Ok(MigrationReport { applied: applied?, known })
+}
+
+fn migrate_sqlite(path: &std::path::Path, busy_ms: u128) -> Result<MigrationReport, StoreError> {
+    let path_text = path
+        .to_str()
+        .ok_or_else(|| StoreError::Migration("the SQLite path is not valid UTF-8".into()))?;
+    let mut conn = SqliteConnection::establish(path_text)
+        .map_err(|error| StoreError::Connect(error.to_string()))?;
+    conn.batch_execute(&format!(
+        "PRAGMA busy_timeout = {busy_ms}; PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON;"
+    ))?;
+    let known = MigrationSource::<diesel::sqlite::Sqlite>::migrations(&SQLITE_MIGRATIONS)
+        .map_err(|error| StoreError::Migration(error.to_string()))?
+        .len();
+    // One immediate transaction around the whole run: a second process waits on the write
+    // lock (busy_timeout) and then finds every migration applied. diesel runs each migration
+    // in a savepoint inside it.
+    let applied = conn
+        .immediate_transaction(|conn| {
+            conn.run_pending_migrations(SQLITE_MIGRATIONS)
+                .map(|versions| versions.iter().map(ToString::to_string).collect())
+        })
+        .map_err(|error: Box<dyn std::error::Error + Send + Sync>| {
+            StoreError::Migration(error.to_string())
+        })?;
+    Ok(MigrationReport { applied, known })
+}

@@ -1,0 +1,288 @@
+//! The storage behaviour suite: every case runs against PostgreSQL and SQLite
+//! (`postgres::…` and `sqlite::…` in the test names).
+
+use std::time::Duration;
+
+use dltsub_store::testing::{TestBackend, TestDatabase};
+use dltsub_store::{BatchStatus, NewBatch, StoreError, backend_tests, known_migrations};
+
+const TABLES: [&str; 6] = [
+    "instances",
+    "services",
+    "service_id_claims",
+    "batches",
+    "batch_statuses",
+    "batch_events",
+];
+
+fn batch_id(n: u64) -> String {
+    // A header signature is 128 hex characters; make distinct ones from a counter.
+    format!("{:0128x}", n)
+}
+
+fn new_batch(n: u64, bytes: &[u8]) -> NewBatch {
+    NewBatch {
+        batch_id: batch_id(n),
+        serialized_batch: bytes.to_vec(),
+    }
+}
+
+async fn table_counts(store: &dltsub_store::Store) -> Vec<i64> {
+    let mut counts = Vec::new();
+    for table in TABLES {
+        counts.push(store.count_rows_for_tests(table).await);
+    }
+    counts
+}
+
+/// Migrating creates every table; a second run applies nothing.
+async fn migrations_apply_once(backend: TestBackend) {
+    let database = TestDatabase::empty(backend).await;
+    let first = database.migrate().await.expect("first migration");
+    assert_eq!(first.applied.len(), first.known);
+    assert!(first.known >= 1);
+    assert_eq!(first.known, known_migrations(&database.options.url).len());
+    let second = database.migrate().await.expect("second migration");
+    assert!(second.applied.is_empty(), "re-run applied {:?}", second.applied);
+    let store = database.store().await;
+    assert_eq!(table_counts(&store).await, vec![0; TABLES.len()]);
+}
+
+/// Instances that start together all migrate: none fails, the schema ends up once.
+async fn concurrent_migrations_do_not_race(backend: TestBackend) {
+    let database = TestDatabase::empty(backend).await;
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let options = database.options.clone();
+            tokio::spawn(async move { dltsub_store::run_migrations(&options).await })
+        })
+        .collect();
+    let mut applied_total = 0;
+    for run in runs {
+        let report = run.await.expect("task").expect("concurrent migration");
+        applied_total += report.applied.len();
+    }
+    assert_eq!(applied_total, known_migrations(&database.options.url).len());
+}
+
+/// Enqueue writes the batch, its QUEUED status, its service, its claim row and an event.
+async fn enqueue_writes_batch_status_service_claim_and_event(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    let result = store
+        .enqueue("circuit::svc", &[new_batch(1, b"one"), new_batch(2, b"two")])
+        .await
+        .expect("enqueue");
+    assert_eq!(result.len(), 2);
+    assert!(result.iter().all(|b| b.newly_accepted && b.status == BatchStatus::Queued));
+    assert!(result[0].seq < result[1].seq, "seq follows request order");
+    assert_eq!(table_counts(&store).await, vec![0, 1, 1, 2, 2, 2]);
+    let claim_epoch = store
+        .scalar_i64_for_tests("(SELECT epoch FROM service_id_claims WHERE claimant IS NULL)")
+        .await;
+    assert_eq!(claim_epoch, 0, "a new claim row is unclaimed at epoch 0");
+}
+
+/// The same batch twice gives one row and reports the existing one.
+async fn enqueue_same_batch_twice_is_idempotent(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    let first = store.enqueue("svc", &[new_batch(7, b"bytes")]).await.unwrap();
+    let second = store.enqueue("svc", &[new_batch(7, b"bytes")]).await.unwrap();
+    assert!(first[0].newly_accepted);
+    assert!(!second[0].newly_accepted);
+    assert_eq!(first[0].seq, second[0].seq);
+    assert_eq!(second[0].status, BatchStatus::Queued);
+    assert_eq!(table_counts(&store).await, vec![0, 1, 1, 1, 1, 1]);
+}
+
+/// Different bytes under an accepted id are a conflict, and the whole request writes
+/// nothing — not even its other, new batches or a new service.
+async fn enqueue_conflicting_bytes_writes_nothing(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    let accepted = store.enqueue("svc", &[new_batch(1, b"original")]).await.unwrap();
+    let before = table_counts(&store).await;
+    let error = store
+        .enqueue("svc", &[new_batch(2, b"new"), new_batch(1, b"tampered")])
+        .await
+        .expect_err("conflict");
+    match error {
+        StoreError::BatchConflict { batch_id, existing_seq, service_id } => {
+            assert_eq!(batch_id, self::batch_id(1));
+            assert_eq!(existing_seq, accepted[0].seq);
+            assert_eq!(service_id, "svc");
+        }
+        other => panic!("expected BatchConflict, got {other:?}"),
+    }
+    assert_eq!(table_counts(&store).await, before);
+}
+
+/// Bad input is refused with an error naming the field, and writes nothing.
+async fn enqueue_rejects_bad_input(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    let short_id = NewBatch {
+        batch_id: "abc".into(),
+        serialized_batch: b"x".to_vec(),
+    };
+    let not_hex = NewBatch {
+        batch_id: "g".repeat(128),
+        serialized_batch: b"x".to_vec(),
+    };
+    let cases: Vec<(&str, Vec<NewBatch>, &str)> = vec![
+        ("svc", vec![short_id], "batch_id"),
+        ("svc", vec![not_hex], "batch_id"),
+        ("svc", vec![], "batches"),
+        ("", vec![new_batch(1, b"x")], "service_id"),
+        ("svc", vec![new_batch(1, b"x"), new_batch(1, b"x")], "batch_id"),
+        ("svc", vec![new_batch(1, b"")], "serialized_batch"),
+    ];
+    for (service, batches, expected_field) in cases {
+        match store.enqueue(service, &batches).await {
+            Err(StoreError::InvalidInput { field, .. }) => assert_eq!(field, expected_field),
+            other => panic!("expected InvalidInput({expected_field}), got {other:?}"),
+        }
+    }
+    assert_eq!(table_counts(&store).await, vec![0; TABLES.len()]);
+}
+
+/// 10,000 separate enqueue transactions from 8 concurrent writers all succeed, and every
+/// batch ends up with exactly one status row and one event.
+async fn ten_thousand_enqueues_succeed(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    const WRITERS: u64 = 8;
+    const PER_WRITER: u64 = 1_250;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..PER_WRITER {
+                    let n = writer * PER_WRITER + i;
+                    let service = format!("svc-{}", n % 50);
+                    store
+                        .enqueue(&service, &[new_batch(n, format!("batch {n}").as_bytes())])
+                        .await
+                        .unwrap_or_else(|error| panic!("enqueue {n}: {error}"));
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.expect("writer task");
+    }
+    let total = (WRITERS * PER_WRITER) as i64;
+    assert_eq!(store.count_rows_for_tests("batches").await, total);
+    assert_eq!(store.count_rows_for_tests("batch_statuses").await, total);
+    assert_eq!(store.count_rows_for_tests("batch_events").await, total);
+    assert_eq!(store.count_rows_for_tests("services").await, 50);
+    assert_eq!(store.count_rows_for_tests("service_id_claims").await, 50);
+}
+
+/// One request may carry many batches (a large BatchList): 10,000 in one transaction.
+async fn one_enqueue_of_ten_thousand_batches(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    let batches: Vec<NewBatch> = (0..10_000).map(|n| new_batch(n, &n.to_le_bytes())).collect();
+    let result = store.enqueue("bulk", &batches).await.expect("bulk enqueue");
+    assert_eq!(result.len(), 10_000);
+    assert!(result.windows(2).all(|pair| pair[0].seq < pair[1].seq));
+    assert_eq!(store.count_rows_for_tests("batch_statuses").await, 10_000);
+}
+
+/// The database clock drives time; an offset moves one handle's view of it, and times
+/// past 2038 are stored without overflow.
+async fn database_clock_and_offsets(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    let now = store.database_now_us().await.unwrap();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    assert!((now - wall).abs() < 60_000_000, "database clock {now} vs wall clock {wall}");
+
+    let in_2050 = Duration::from_secs(60 * 60 * 24 * 365 * 25);
+    let future = store.with_clock_offset(in_2050);
+    let shifted = future.database_now_us().await.unwrap();
+    assert!(shifted - now >= in_2050.as_micros() as i64);
+    future.enqueue("svc", &[new_batch(1, b"x")]).await.unwrap();
+    let created = store
+        .scalar_i64_for_tests("(SELECT MAX(created_at_us) FROM batches)")
+        .await;
+    let year_2038_us = 2_147_483_648_i64 * 1_000_000;
+    assert!(created > year_2038_us, "created_at_us {created} should be past 2038");
+}
+
+/// Batch ids must be 128 hex characters even when written around the store API.
+async fn schema_rejects_truncated_batch_ids(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    store.enqueue("svc", &[new_batch(1, b"x")]).await.unwrap();
+    let inserted = store
+        .scalar_i64_for_tests(
+            "(SELECT COUNT(*) FROM batches WHERE length(batch_id) = 128)",
+        )
+        .await;
+    assert_eq!(inserted, 1, "the full 128-character id is stored");
+}
+
+backend_tests!(
+    migrations_apply_once,
+    concurrent_migrations_do_not_race,
+    enqueue_writes_batch_status_service_claim_and_event,
+    enqueue_same_batch_twice_is_idempotent,
+    enqueue_conflicting_bytes_writes_nothing,
+    enqueue_rejects_bad_input,
+    ten_thousand_enqueues_succeed,
+    one_enqueue_of_ten_thousand_batches,
+    database_clock_and_offsets,
+    schema_rejects_truncated_batch_ids,
+);
+
+mod postgres_only {
+    use super::*;
+
+    /// Every pooled PostgreSQL session carries the timeouts that keep a stalled instance
+    /// from blocking the others.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_have_timeouts() {
+        let database = TestDatabase::migrated(TestBackend::Postgres).await;
+        let mut options = database.options.clone();
+        options.statement_timeout = Duration::from_millis(1_234);
+        options.lock_timeout = Duration::from_millis(567);
+        options.idle_in_transaction_timeout = Duration::from_millis(8_910);
+        let store = dltsub_store::Store::connect(&options).await.unwrap();
+        for (name, expected) in [
+            ("statement_timeout", 1_234),
+            ("lock_timeout", 567),
+            ("idle_in_transaction_session_timeout", 8_910),
+        ] {
+            let value = store
+                .scalar_i64_for_tests(&format!(
+                    "(SELECT CAST(setting AS BIGINT) FROM pg_settings WHERE name = '{name}')"
+                ))
+                .await;
+            assert_eq!(value, expected, "{name}");
+        }
+    }
+}
+
+mod sqlite_only {
+    use super::*;
+
+    /// Every pooled SQLite connection is in WAL mode with a busy timeout, so several
+    /// processes can share the file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_use_wal_and_busy_timeout() {
+        let database = TestDatabase::migrated(TestBackend::Sqlite).await;
+        let store = database.store().await;
+        let busy = store.scalar_i64_for_tests("(SELECT timeout FROM pragma_busy_timeout)").await;
+        assert_eq!(busy, 5_000);
+        let wal = store
+            .scalar_i64_for_tests("(SELECT journal_mode = 'wal' FROM pragma_journal_mode)")
+            .await;
+        assert_eq!(wal, 1);
+    }
+}
