@@ -1,1 +1,103 @@
-fn main() {}
+//! `dltsub`: the binary. Parses the command line, loads the configuration, and hands each
+//! subcommand to its module. Errors are printed once, here, as one line, with an exit code
+//! that says what kind of failure it was.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use dltsub::config::{Config, ConfigArgs, ConfigError};
+use dltsub::migrate;
+
+/// A high-availability batch submitter for a distributed ledger.
+#[derive(Debug, Parser)]
+#[command(name = "dltsub", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the database schema (idempotent; safe while other instances start).
+    Migrate {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Print the effective configuration and where each value came from (secrets redacted).
+    Config {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+}
+
+/// Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
+const EXIT_FAILURE: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(error)) => {
+            eprintln!("error: invalid configuration: {error}");
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(Failure::Operation(error)) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+enum Failure {
+    Config(ConfigError),
+    Operation(anyhow::Error),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(error: ConfigError) -> Self {
+        Failure::Config(error)
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Self {
+        Failure::Operation(error)
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Migrate { config } => {
+            let config = Config::load(&config)?;
+            migrate::run(&config).await?;
+        }
+        Command::Config { config } => {
+            let config = Config::load(&config)?;
+            print!("{}", config.render());
+        }
+    }
+    Ok(())
+}
+
+/// Logs go to stderr; `DLTSUB_LOG` takes a tracing filter (default `info`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DLTSUB_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -4,12 +4,12 @@
 //! instance: redundant instances on different hosts disagree about the time, the database
 //! does not. Times are BIGINT microseconds since the Unix epoch on both backends.
 
+use diesel::QueryResult;
 use diesel::expression::{AppearsOnTable, Expression, SelectableExpression, ValidGrouping};
 use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::sql_types::BigInt;
 use diesel::sqlite::Sqlite;
-use diesel::QueryResult;
 
 /// `now` on the database clock, in microseconds since the Unix epoch, plus an offset.
 ///

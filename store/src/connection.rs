@@ -138,9 +138,9 @@ pub(crate) async fn open_pool(options: &StoreOptions) -> Result<Pool, StoreError
                 let session_sql = session_sql.clone();
                 async move {
                     let mut conn = PgConn::establish(url).await?;
-                    conn.batch_execute(&session_sql)
-                        .await
-                        .map_err(|error| diesel::ConnectionError::BadConnection(error.to_string()))?;
+                    conn.batch_execute(&session_sql).await.map_err(|error| {
+                        diesel::ConnectionError::BadConnection(error.to_string())
+                    })?;
                     Ok(conn)
                 }
                 .boxed()
@@ -161,9 +161,9 @@ pub(crate) async fn open_pool(options: &StoreOptions) -> Result<Pool, StoreError
                 let session_sql = session_sql.clone();
                 async move {
                     let mut conn = SqliteConn::establish(path).await?;
-                    conn.batch_execute(&session_sql)
-                        .await
-                        .map_err(|error| diesel::ConnectionError::BadConnection(error.to_string()))?;
+                    conn.batch_execute(&session_sql).await.map_err(|error| {
+                        diesel::ConnectionError::BadConnection(error.to_string())
+                    })?;
                     Ok(conn)
                 }
                 .boxed()
@@ -233,11 +233,12 @@ macro_rules! write_transaction {
         match &$store.pool {
             $crate::connection::Pool::Postgres(pool) => {
                 let mut pooled = pool.get().await.map_err($crate::StoreError::from_pool)?;
-                let result: Result<_, $crate::StoreError> = diesel_async::AsyncConnection::transaction(
-                    &mut *pooled,
-                    async |$conn: &mut $crate::connection::PgConn| $body,
-                )
-                .await;
+                let result: Result<_, $crate::StoreError> =
+                    diesel_async::AsyncConnection::transaction(
+                        &mut *pooled,
+                        async |$conn: &mut $crate::connection::PgConn| $body,
+                    )
+                    .await;
                 result
             }
             $crate::connection::Pool::Sqlite(pool) => {

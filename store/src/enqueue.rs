@@ -127,10 +127,14 @@ impl Store {
                     ))
                     .load(conn)
                     .await?;
-                let by_id: HashMap<&str, &NewBatch> =
-                    chunk.iter().map(|batch| (batch.batch_id.as_str(), *batch)).collect();
+                let by_id: HashMap<&str, &NewBatch> = chunk
+                    .iter()
+                    .map(|batch| (batch.batch_id.as_str(), *batch))
+                    .collect();
                 for (seq, batch_id, stored_bytes, status) in rows {
-                    let offered = by_id.get(batch_id.as_str()).map(|b| b.serialized_batch.as_slice());
+                    let offered = by_id
+                        .get(batch_id.as_str())
+                        .map(|b| b.serialized_batch.as_slice());
                     if offered != Some(stored_bytes.as_slice()) {
                         return Err(StoreError::BatchConflict {
                             service_id: service_id.to_string(),
@@ -213,7 +217,10 @@ fn validate_enqueue(service_id: &str, batches: &[NewBatch]) -> Result<(), StoreE
                 problem: format!("batch {} has no bytes", batch.batch_id),
             });
         }
-        if seen.insert(&batch.batch_id, &batch.serialized_batch).is_some() {
+        if seen
+            .insert(&batch.batch_id, &batch.serialized_batch)
+            .is_some()
+        {
             return Err(StoreError::InvalidInput {
                 field: "batch_id",
                 problem: format!("batch {} appears twice in one request", batch.batch_id),

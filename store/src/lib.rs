@@ -49,7 +49,10 @@ pub enum StoreError {
     },
     /// A request that can never succeed as given. Nothing was written.
     #[error("invalid {field}: {problem}")]
-    InvalidInput { field: &'static str, problem: String },
+    InvalidInput {
+        field: &'static str,
+        problem: String,
+    },
 }
 
 impl StoreError {

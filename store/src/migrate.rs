@@ -12,8 +12,8 @@ use diesel::{Connection, SqliteConnection};
 use diesel_async::{AsyncConnection, AsyncMigrationHarness, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
-use crate::connection::{DatabaseUrl, PgConn, StoreOptions};
 use crate::StoreError;
+use crate::connection::{DatabaseUrl, PgConn, StoreOptions};
 
 const POSTGRES_MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations/postgres");
 const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations/sqlite");
@@ -48,20 +48,29 @@ pub fn known_migrations(url: &DatabaseUrl) -> Vec<String> {
         DatabaseUrl::Sqlite(_) => SQLITE_MIGRATIONS,
     };
     let migrations = MigrationSource::<diesel::pg::Pg>::migrations(&source).unwrap_or_default();
-    migrations.iter().map(|m| m.name().version().to_string()).collect()
+    migrations
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .collect()
 }
 
-async fn migrate_postgres(url: &str, options: &StoreOptions) -> Result<MigrationReport, StoreError> {
+async fn migrate_postgres(
+    url: &str,
+    options: &StoreOptions,
+) -> Result<MigrationReport, StoreError> {
     let mut conn = tokio::time::timeout(options.connect_timeout, PgConn::establish(url))
         .await
-        .map_err(|_| StoreError::Connect(format!("no connection within {:?}", options.connect_timeout)))?
+        .map_err(|_| {
+            StoreError::Connect(format!(
+                "no connection within {:?}",
+                options.connect_timeout
+            ))
+        })?
         .map_err(|error| StoreError::Connect(error.to_string()))?;
     // The key is per schema so that parallel tests, each in its own schema, don't queue
     // behind each other; production instances share the schema and so the lock.
-    conn.batch_execute(
-        "SELECT pg_advisory_lock(hashtext('dltsub.migrate.' || current_schema()));",
-    )
-    .await?;
+    conn.batch_execute("SELECT pg_advisory_lock(hashtext('dltsub.migrate.' || current_schema()));")
+        .await?;
     let known = MigrationSource::<diesel::pg::Pg>::migrations(&POSTGRES_MIGRATIONS)
         .map_err(|error| StoreError::Migration(error.to_string()))?
         .len();
@@ -74,8 +83,12 @@ async fn migrate_postgres(url: &str, options: &StoreOptions) -> Result<Migration
         .map_err(|error| StoreError::Migration(error.to_string()));
     // Dropping the connection would release the lock too; unlocking keeps it explicit.
     let mut conn = harness.into_inner();
-    conn.batch_execute("SELECT pg_advisory_unlock_all();").await?;
-    Ok(MigrationReport { applied: applied?, known })
+    conn.batch_execute("SELECT pg_advisory_unlock_all();")
+        .await?;
+    Ok(MigrationReport {
+        applied: applied?,
+        known,
+    })
 }
 
 fn migrate_sqlite(path: &std::path::Path, busy_ms: u128) -> Result<MigrationReport, StoreError> {

@@ -2,7 +2,7 @@
 //! nothing behind.
 //!
 //! - PostgreSQL: a fresh schema in the database named by `DLTSUB_TEST_DATABASE_URL`
-//!   (default `postgres://postgres@127.0.0.1:5432/dltsub_test`, which `scripts/test`
+//!   (default `postgres://dltsub:dltsub@127.0.0.1:5432/dltsub_test`, which `scripts/test`
 //!   creates), selected through the connection's `search_path` and dropped when the
 //!   [`TestDatabase`] is dropped.
 //! - SQLite: a file in a fresh temporary directory, removed on drop.
@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use crate::{DatabaseUrl, MigrationReport, Store, StoreError, StoreOptions, run_migrations};
 
-pub const DEFAULT_TEST_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/dltsub_test";
+pub const DEFAULT_TEST_DATABASE_URL: &str = "postgres://dltsub:dltsub@127.0.0.1:5432/dltsub_test";
 
 /// The backends every storage behaviour is tested against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +82,9 @@ impl TestDatabase {
 
     /// A new pool on this database.
     pub async fn store(&self) -> Store {
-        Store::connect(&self.options).await.expect("connect to the test database")
+        Store::connect(&self.options)
+            .await
+            .expect("connect to the test database")
     }
 }
 
@@ -159,12 +161,15 @@ impl Store {
         use diesel_async::RunQueryDsl;
         let expression = diesel::dsl::sql::<diesel::sql_types::BigInt>(sql_expression);
         crate::connection::with_conn!(self, |conn| {
-            Ok(diesel::select(expression.clone()).get_result::<i64>(conn).await?)
+            Ok(diesel::select(expression.clone())
+                .get_result::<i64>(conn)
+                .await?)
         })
     }
 
     /// Rows in `table` (a name from the schema; tests only, never user input).
     pub async fn count_rows_for_tests(&self, table: &str) -> i64 {
-        self.scalar_i64_for_tests(&format!("(SELECT COUNT(*) FROM {table})")).await
+        self.scalar_i64_for_tests(&format!("(SELECT COUNT(*) FROM {table})"))
+            .await
     }
 }

@@ -43,7 +43,11 @@ async fn migrations_apply_once(backend: TestBackend) {
     assert!(first.known >= 1);
     assert_eq!(first.known, known_migrations(&database.options.url).len());
     let second = database.migrate().await.expect("second migration");
-    assert!(second.applied.is_empty(), "re-run applied {:?}", second.applied);
+    assert!(
+        second.applied.is_empty(),
+        "re-run applied {:?}",
+        second.applied
+    );
     let store = database.store().await;
     assert_eq!(table_counts(&store).await, vec![0; TABLES.len()]);
 }
@@ -70,11 +74,18 @@ async fn enqueue_writes_batch_status_service_claim_and_event(backend: TestBacken
     let database = TestDatabase::migrated(backend).await;
     let store = database.store().await;
     let result = store
-        .enqueue("circuit::svc", &[new_batch(1, b"one"), new_batch(2, b"two")])
+        .enqueue(
+            "circuit::svc",
+            &[new_batch(1, b"one"), new_batch(2, b"two")],
+        )
         .await
         .expect("enqueue");
     assert_eq!(result.len(), 2);
-    assert!(result.iter().all(|b| b.newly_accepted && b.status == BatchStatus::Queued));
+    assert!(
+        result
+            .iter()
+            .all(|b| b.newly_accepted && b.status == BatchStatus::Queued)
+    );
     assert!(result[0].seq < result[1].seq, "seq follows request order");
     assert_eq!(table_counts(&store).await, vec![0, 1, 1, 2, 2, 2]);
     let claim_epoch = store
@@ -87,8 +98,14 @@ async fn enqueue_writes_batch_status_service_claim_and_event(backend: TestBacken
 async fn enqueue_same_batch_twice_is_idempotent(backend: TestBackend) {
     let database = TestDatabase::migrated(backend).await;
     let store = database.store().await;
-    let first = store.enqueue("svc", &[new_batch(7, b"bytes")]).await.unwrap();
-    let second = store.enqueue("svc", &[new_batch(7, b"bytes")]).await.unwrap();
+    let first = store
+        .enqueue("svc", &[new_batch(7, b"bytes")])
+        .await
+        .unwrap();
+    let second = store
+        .enqueue("svc", &[new_batch(7, b"bytes")])
+        .await
+        .unwrap();
     assert!(first[0].newly_accepted);
     assert!(!second[0].newly_accepted);
     assert_eq!(first[0].seq, second[0].seq);
@@ -101,14 +118,21 @@ async fn enqueue_same_batch_twice_is_idempotent(backend: TestBackend) {
 async fn enqueue_conflicting_bytes_writes_nothing(backend: TestBackend) {
     let database = TestDatabase::migrated(backend).await;
     let store = database.store().await;
-    let accepted = store.enqueue("svc", &[new_batch(1, b"original")]).await.unwrap();
+    let accepted = store
+        .enqueue("svc", &[new_batch(1, b"original")])
+        .await
+        .unwrap();
     let before = table_counts(&store).await;
     let error = store
         .enqueue("svc", &[new_batch(2, b"new"), new_batch(1, b"tampered")])
         .await
         .expect_err("conflict");
     match error {
-        StoreError::BatchConflict { batch_id, existing_seq, service_id } => {
+        StoreError::BatchConflict {
+            batch_id,
+            existing_seq,
+            service_id,
+        } => {
             assert_eq!(batch_id, self::batch_id(1));
             assert_eq!(existing_seq, accepted[0].seq);
             assert_eq!(service_id, "svc");
@@ -135,7 +159,11 @@ async fn enqueue_rejects_bad_input(backend: TestBackend) {
         ("svc", vec![not_hex], "batch_id"),
         ("svc", vec![], "batches"),
         ("", vec![new_batch(1, b"x")], "service_id"),
-        ("svc", vec![new_batch(1, b"x"), new_batch(1, b"x")], "batch_id"),
+        (
+            "svc",
+            vec![new_batch(1, b"x"), new_batch(1, b"x")],
+            "batch_id",
+        ),
         ("svc", vec![new_batch(1, b"")], "serialized_batch"),
     ];
     for (service, batches, expected_field) in cases {
@@ -184,7 +212,9 @@ async fn ten_thousand_enqueues_succeed(backend: TestBackend) {
 async fn one_enqueue_of_ten_thousand_batches(backend: TestBackend) {
     let database = TestDatabase::migrated(backend).await;
     let store = database.store().await;
-    let batches: Vec<NewBatch> = (0..10_000).map(|n| new_batch(n, &n.to_le_bytes())).collect();
+    let batches: Vec<NewBatch> = (0..10_000)
+        .map(|n| new_batch(n, &n.to_le_bytes()))
+        .collect();
     let result = store.enqueue("bulk", &batches).await.expect("bulk enqueue");
     assert_eq!(result.len(), 10_000);
     assert!(result.windows(2).all(|pair| pair[0].seq < pair[1].seq));
@@ -201,7 +231,10 @@ async fn database_clock_and_offsets(backend: TestBackend) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_micros() as i64;
-    assert!((now - wall).abs() < 60_000_000, "database clock {now} vs wall clock {wall}");
+    assert!(
+        (now - wall).abs() < 60_000_000,
+        "database clock {now} vs wall clock {wall}"
+    );
 
     let in_2050 = Duration::from_secs(60 * 60 * 24 * 365 * 25);
     let future = store.with_clock_offset(in_2050);
@@ -212,7 +245,10 @@ async fn database_clock_and_offsets(backend: TestBackend) {
         .scalar_i64_for_tests("(SELECT MAX(created_at_us) FROM batches)")
         .await;
     let year_2038_us = 2_147_483_648_i64 * 1_000_000;
-    assert!(created > year_2038_us, "created_at_us {created} should be past 2038");
+    assert!(
+        created > year_2038_us,
+        "created_at_us {created} should be past 2038"
+    );
 }
 
 /// Batch ids must be 128 hex characters even when written around the store API.
@@ -221,9 +257,7 @@ async fn schema_rejects_truncated_batch_ids(backend: TestBackend) {
     let store = database.store().await;
     store.enqueue("svc", &[new_batch(1, b"x")]).await.unwrap();
     let inserted = store
-        .scalar_i64_for_tests(
-            "(SELECT COUNT(*) FROM batches WHERE length(batch_id) = 128)",
-        )
+        .scalar_i64_for_tests("(SELECT COUNT(*) FROM batches WHERE length(batch_id) = 128)")
         .await;
     assert_eq!(inserted, 1, "the full 128-character id is stored");
 }
@@ -278,7 +312,9 @@ mod sqlite_only {
     async fn connections_use_wal_and_busy_timeout() {
         let database = TestDatabase::migrated(TestBackend::Sqlite).await;
         let store = database.store().await;
-        let busy = store.scalar_i64_for_tests("(SELECT timeout FROM pragma_busy_timeout)").await;
+        let busy = store
+            .scalar_i64_for_tests("(SELECT timeout FROM pragma_busy_timeout)")
+            .await;
         assert_eq!(busy, 5_000);
         let wal = store
             .scalar_i64_for_tests("(SELECT journal_mode = 'wal' FROM pragma_journal_mode)")

@@ -1,0 +1,760 @@
+//! dltsub's configuration: one table of keys, four layers, validated once at start-up.
+//!
+//! Each key may come from, lowest to highest precedence: its default, the TOML file given by
+//! `--config` / `DLTSUB_CONFIG`, the environment variable `DLTSUB_<KEY>` and the flag
+//! `--<key-with-dashes>`. Durations are humantime strings ("500ms", "30s", "3m"). Unknown keys
+//! in the file and unknown `DLTSUB_*` variables are errors, so a typo never silently falls
+//! back to a default. Every error is one line naming the key, where its value came from and
+//! what is wrong with it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
+use dltsub_store::{DatabaseUrl, StoreOptions};
+
+/// One configuration key: its name in the file, its documentation and its default.
+struct Key {
+    name: &'static str,
+    default: &'static str,
+    kind: Kind,
+    doc: &'static str,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Duration,
+    Integer,
+    Bool,
+    Text,
+}
+
+/// Every key dltsub understands. Adding one here makes it a file key, an environment
+/// variable and a flag at once; `Config::from_values` then gives it a type.
+const KEYS: &[Key] = &[
+    Key {
+        name: "database_url",
+        default: "sqlite://dltsub.db",
+        kind: Kind::Text,
+        doc: "Database: postgres://user:pass@host1,host2/db?target_session_attrs=read-write (production) or sqlite://PATH (one host)",
+    },
+    Key {
+        name: "migrate_on_start",
+        default: "true",
+        kind: Kind::Bool,
+        doc: "Apply pending migrations when `dltsub run` starts (safe with several instances starting at once)",
+    },
+    Key {
+        name: "database_pool_size",
+        default: "8",
+        kind: Kind::Integer,
+        doc: "Most database connections this process keeps open",
+    },
+    Key {
+        name: "database_connect_timeout",
+        default: "5s",
+        kind: Kind::Duration,
+        doc: "How long to wait for a database connection before failing the operation",
+    },
+    Key {
+        name: "statement_timeout",
+        default: "5s",
+        kind: Kind::Duration,
+        doc: "PostgreSQL statement_timeout of every session",
+    },
+    Key {
+        name: "lock_timeout",
+        default: "2s",
+        kind: Kind::Duration,
+        doc: "PostgreSQL lock_timeout of every session: a lock held by a stalled instance fails fast",
+    },
+    Key {
+        name: "idle_in_transaction_timeout",
+        default: "10s",
+        kind: Kind::Duration,
+        doc: "PostgreSQL idle_in_transaction_session_timeout: ends transactions of a stalled process",
+    },
+    Key {
+        name: "sqlite_busy_timeout",
+        default: "5s",
+        kind: Kind::Duration,
+        doc: "SQLite busy_timeout: how long a writer waits for another process's write lock",
+    },
+    Key {
+        name: "fast_expiry",
+        default: "10s",
+        kind: Kind::Duration,
+        doc: "Claim fast expiry: after it, a silent holder's service is taken over if nothing of it is mid-submission",
+    },
+    Key {
+        name: "slow_expiry",
+        default: "60s",
+        kind: Kind::Duration,
+        doc: "Claim slow expiry: after it, a silent holder's service is taken over regardless",
+    },
+    Key {
+        name: "renew_interval",
+        default: "2s",
+        kind: Kind::Duration,
+        doc: "Claim tick: renew held claims, acquire new ones; at most fast_expiry / 3",
+    },
+    Key {
+        name: "instance_capacity",
+        default: "100",
+        kind: Kind::Integer,
+        doc: "This instance's weight in the fair share of services (relative to the others' capacity)",
+    },
+    Key {
+        name: "dlt_url",
+        default: "http://127.0.0.1:8008",
+        kind: Kind::Text,
+        doc: "Base URL of the ledger's REST API (http or https)",
+    },
+    Key {
+        name: "dlt_dialect",
+        default: "scabbard",
+        kind: Kind::Text,
+        doc: "Ledger wire format: scabbard (Splinter) or sawtooth (Sawtooth REST API)",
+    },
+    Key {
+        name: "dlt_request_timeout",
+        default: "10s",
+        kind: Kind::Duration,
+        doc: "Timeout of one request to the ledger; must fit inside the slow window (slow_expiry - fast_expiry)",
+    },
+    Key {
+        name: "listen",
+        default: "127.0.0.1:8080",
+        kind: Kind::Text,
+        doc: "Address of the HTTP API",
+    },
+    Key {
+        name: "metrics_listen",
+        default: "127.0.0.1:9464",
+        kind: Kind::Text,
+        doc: "Address of the Prometheus /metrics endpoint (its own port)",
+    },
+];
+
+/// Environment variables with the `DLTSUB_` prefix that are not configuration keys.
+const OTHER_ENV_VARS: &[&str] = &["DLTSUB_CONFIG", "DLTSUB_LOG", "DLTSUB_TEST_DATABASE_URL"];
+
+fn env_name(key: &str) -> String {
+    format!("DLTSUB_{}", key.to_ascii_uppercase())
+}
+
+fn flag_name(key: &str) -> String {
+    key.replace('_', "-")
+}
+
+/// Where a value came from, for error messages and `dltsub config`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Default,
+    File(PathBuf),
+    Env(String),
+    Flag(String),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Default => f.write_str("default"),
+            Origin::File(path) => write!(f, "config file {}", path.display()),
+            Origin::Env(name) => write!(f, "environment {name}"),
+            Origin::Flag(name) => write!(f, "flag --{name}"),
+        }
+    }
+}
+
+/// A configuration problem, printed as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{key} = {value:?} (from {origin}): {problem}")]
+    BadValue {
+        key: &'static str,
+        value: String,
+        origin: Origin,
+        problem: String,
+    },
+    #[error("{problem}")]
+    Inconsistent { problem: String },
+    #[error("unknown key `{key}` in config file {}; known keys: {}", path.display(), known_keys())]
+    UnknownFileKey { key: String, path: PathBuf },
+    #[error("unknown environment variable {name}; known: {}", known_env_vars())]
+    UnknownEnvVar { name: String },
+    #[error("config file {}: {problem}", path.display())]
+    File { path: PathBuf, problem: String },
+}
+
+fn known_keys() -> String {
+    KEYS.iter()
+        .map(|key| key.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn known_env_vars() -> String {
+    KEYS.iter()
+        .map(|key| env_name(key.name))
+        .chain(OTHER_ENV_VARS.iter().map(ToString::to_string))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The configuration flags (`--config` and one per key), shared by the subcommands that
+/// read the configuration. Built from `KEYS`, so the table is the only list of keys.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigArgs {
+    config_file: Option<PathBuf>,
+    flags: BTreeMap<&'static str, String>,
+}
+
+impl Args for ConfigArgs {
+    fn augment_args(command: Command) -> Command {
+        let command = command.arg(
+            Arg::new("config")
+                .long("config")
+                .value_name("FILE")
+                .help("TOML configuration file (also DLTSUB_CONFIG)")
+                .value_parser(clap::value_parser!(PathBuf)),
+        );
+        KEYS.iter().fold(command, |command, key| {
+            command.arg(
+                Arg::new(key.name)
+                    .long(flag_name(key.name))
+                    .value_name(match key.kind {
+                        Kind::Duration => "DURATION",
+                        Kind::Integer => "N",
+                        Kind::Bool => "BOOL",
+                        Kind::Text => "VALUE",
+                    })
+                    .help(format!(
+                        "{} [default: {}] [env: {}]",
+                        key.doc,
+                        key.default,
+                        env_name(key.name)
+                    ))
+                    .help_heading("Configuration"),
+            )
+        })
+    }
+
+    fn augment_args_for_update(command: Command) -> Command {
+        Self::augment_args(command)
+    }
+}
+
+impl FromArgMatches for ConfigArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut args = ConfigArgs {
+            config_file: matches.get_one::<PathBuf>("config").cloned(),
+            flags: BTreeMap::new(),
+        };
+        for key in KEYS {
+            if let Some(value) = matches.get_one::<String>(key.name) {
+                args.flags.insert(key.name, value.clone());
+            }
+        }
+        Ok(args)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+/// Ledger wire formats dltsub speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DltDialect {
+    Scabbard,
+    Sawtooth,
+}
+
+impl FromStr for DltDialect {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "scabbard" => Ok(DltDialect::Scabbard),
+            "sawtooth" => Ok(DltDialect::Sawtooth),
+            _ => Err("expected scabbard or sawtooth".into()),
+        }
+    }
+}
+
+impl fmt::Display for DltDialect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DltDialect::Scabbard => "scabbard",
+            DltDialect::Sawtooth => "sawtooth",
+        })
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: DatabaseUrl,
+    pub migrate_on_start: bool,
+    pub database_pool_size: u32,
+    pub database_connect_timeout: Duration,
+    pub statement_timeout: Duration,
+    pub lock_timeout: Duration,
+    pub idle_in_transaction_timeout: Duration,
+    pub sqlite_busy_timeout: Duration,
+    pub fast_expiry: Duration,
+    pub slow_expiry: Duration,
+    pub renew_interval: Duration,
+    pub instance_capacity: u32,
+    pub dlt_url: url::Url,
+    pub dlt_dialect: DltDialect,
+    pub dlt_request_timeout: Duration,
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    /// Each key's value as text and where it came from, for `dltsub config`.
+    sources: Vec<(&'static str, String, Origin)>,
+}
+
+/// The raw text of every key and its origin, after layering.
+type RawValues = BTreeMap<&'static str, (String, Origin)>;
+
+impl Config {
+    /// Layers defaults, file, environment and flags, then validates.
+    pub fn load(args: &ConfigArgs) -> Result<Self, ConfigError> {
+        Self::load_from(args, std::env::vars())
+    }
+
+    /// Like [`Config::load`] with an explicit environment, for tests.
+    pub fn load_from(
+        args: &ConfigArgs,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let env: BTreeMap<String, String> = env
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("DLTSUB_"))
+            .collect();
+        for name in env.keys() {
+            let is_key = KEYS.iter().any(|key| env_name(key.name) == *name);
+            if !is_key && !OTHER_ENV_VARS.contains(&name.as_str()) {
+                return Err(ConfigError::UnknownEnvVar { name: name.clone() });
+            }
+        }
+
+        let mut values: RawValues = KEYS
+            .iter()
+            .map(|key| (key.name, (key.default.to_string(), Origin::Default)))
+            .collect();
+        let file = args
+            .config_file
+            .clone()
+            .or_else(|| env.get("DLTSUB_CONFIG").map(PathBuf::from));
+        if let Some(path) = file {
+            for (name, value) in read_file(&path)? {
+                values.insert(name, (value, Origin::File(path.clone())));
+            }
+        }
+        for key in KEYS {
+            let name = env_name(key.name);
+            if let Some(value) = env.get(&name) {
+                values.insert(key.name, (value.clone(), Origin::Env(name)));
+            }
+        }
+        for (name, value) in &args.flags {
+            values.insert(name, (value.clone(), Origin::Flag(flag_name(name))));
+        }
+        Self::from_values(values)
+    }
+
+    fn from_values(values: RawValues) -> Result<Self, ConfigError> {
+        let get = |name: &'static str| -> Field<'_> {
+            let (text, origin) = &values[name];
+            Field { name, text, origin }
+        };
+        let config = Config {
+            database_url: get("database_url").parse()?,
+            migrate_on_start: get("migrate_on_start").boolean()?,
+            database_pool_size: get("database_pool_size").positive_integer()?,
+            database_connect_timeout: get("database_connect_timeout").duration()?,
+            statement_timeout: get("statement_timeout").duration()?,
+            lock_timeout: get("lock_timeout").duration()?,
+            idle_in_transaction_timeout: get("idle_in_transaction_timeout").duration()?,
+            sqlite_busy_timeout: get("sqlite_busy_timeout").duration()?,
+            fast_expiry: get("fast_expiry").duration()?,
+            slow_expiry: get("slow_expiry").duration()?,
+            renew_interval: get("renew_interval").duration()?,
+            instance_capacity: get("instance_capacity").positive_integer()?,
+            dlt_url: get("dlt_url").http_url()?,
+            dlt_dialect: get("dlt_dialect").parse()?,
+            dlt_request_timeout: get("dlt_request_timeout").duration()?,
+            listen: get("listen").parse()?,
+            metrics_listen: get("metrics_listen").parse()?,
+            sources: values
+                .iter()
+                .map(|(name, (text, origin))| (*name, text.clone(), origin.clone()))
+                .collect(),
+        };
+        config.check_consistency()?;
+        Ok(config)
+    }
+
+    /// Rules between keys. Each names both keys and their values.
+    fn check_consistency(&self) -> Result<(), ConfigError> {
+        let show = humantime::format_duration;
+        if self.fast_expiry >= self.slow_expiry {
+            return Err(ConfigError::Inconsistent {
+                problem: format!(
+                    "fast_expiry ({}) must be shorter than slow_expiry ({})",
+                    show(self.fast_expiry),
+                    show(self.slow_expiry)
+                ),
+            });
+        }
+        if self.renew_interval * 3 > self.fast_expiry {
+            return Err(ConfigError::Inconsistent {
+                problem: format!(
+                    "renew_interval ({}) must be at most fast_expiry / 3 ({}), so a claim survives two missed renewals",
+                    show(self.renew_interval),
+                    show(self.fast_expiry / 3)
+                ),
+            });
+        }
+        let slow_window = self.slow_expiry - self.fast_expiry;
+        if self.dlt_request_timeout > slow_window {
+            return Err(ConfigError::Inconsistent {
+                problem: format!(
+                    "dlt_request_timeout ({}) must fit inside the slow window, slow_expiry - fast_expiry ({}): a POST started just before the fast expiry must end before the slow one",
+                    show(self.dlt_request_timeout),
+                    show(slow_window)
+                ),
+            });
+        }
+        if self.listen == self.metrics_listen {
+            return Err(ConfigError::Inconsistent {
+                problem: format!("listen and metrics_listen are both {}", self.listen),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            url: self.database_url.clone(),
+            pool_size: self.database_pool_size,
+            connect_timeout: self.database_connect_timeout,
+            statement_timeout: self.statement_timeout,
+            lock_timeout: self.lock_timeout,
+            idle_in_transaction_timeout: self.idle_in_transaction_timeout,
+            sqlite_busy_timeout: self.sqlite_busy_timeout,
+        }
+    }
+
+    /// The effective configuration as TOML, with where each value came from. Secrets
+    /// (a password in `database_url`) are redacted.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, text, origin) in &self.sources {
+            let shown = if *name == "database_url" {
+                self.database_url.redacted()
+            } else {
+                text.clone()
+            };
+            let kind = KEYS
+                .iter()
+                .find(|key| key.name == *name)
+                .map(|key| key.kind);
+            let value = match kind {
+                Some(Kind::Integer | Kind::Bool) => shown,
+                _ => format!("{shown:?}"),
+            };
+            out.push_str(&format!("{name} = {value}  # {origin}\n"));
+        }
+        out
+    }
+}
+
+/// One key's raw value on its way to a type.
+struct Field<'a> {
+    name: &'static str,
+    text: &'a str,
+    origin: &'a Origin,
+}
+
+impl Field<'_> {
+    fn error(&self, problem: impl Into<String>) -> ConfigError {
+        ConfigError::BadValue {
+            key: self.name,
+            value: self.text.to_string(),
+            origin: self.origin.clone(),
+            problem: problem.into(),
+        }
+    }
+
+    fn parse<T: FromStr>(&self) -> Result<T, ConfigError>
+    where
+        T::Err: fmt::Display,
+    {
+        self.text
+            .parse()
+            .map_err(|error: T::Err| self.error(error.to_string()))
+    }
+
+    fn duration(&self) -> Result<Duration, ConfigError> {
+        let duration = humantime::parse_duration(self.text).map_err(|error| {
+            self.error(format!("not a duration like \"30s\" or \"3m\": {error}"))
+        })?;
+        if duration.is_zero() {
+            return Err(self.error("must be longer than zero"));
+        }
+        Ok(duration)
+    }
+
+    fn positive_integer(&self) -> Result<u32, ConfigError> {
+        match self.text.parse::<u32>() {
+            Ok(0) => Err(self.error("must be at least 1")),
+            Ok(value) => Ok(value),
+            Err(_) => Err(self.error("not a positive integer")),
+        }
+    }
+
+    fn boolean(&self) -> Result<bool, ConfigError> {
+        match self.text {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err(self.error("expected true or false")),
+        }
+    }
+
+    fn http_url(&self) -> Result<url::Url, ConfigError> {
+        let url = url::Url::parse(self.text)
+            .map_err(|error| self.error(format!("not a URL: {error}")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(self.error("expected an http:// or https:// URL with a host"));
+        }
+        Ok(url)
+    }
+}
+
+/// Reads the flat TOML file into key → text, rejecting unknown keys and wrong types.
+fn read_file(path: &Path) -> Result<Vec<(&'static str, String)>, ConfigError> {
+    let file_error = |problem: String| ConfigError::File {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let text = std::fs::read_to_string(path).map_err(|error| file_error(error.to_string()))?;
+    let table: toml::Table = text.parse().map_err(|error: toml::de::Error| {
+        let line = error
+            .span()
+            .map(|span| text[..span.start].lines().count().max(1))
+            .unwrap_or(0);
+        file_error(format!(
+            "invalid TOML at line {line}: {}",
+            error.message().trim()
+        ))
+    })?;
+    let mut values = Vec::new();
+    for (name, value) in table {
+        let Some(key) = KEYS.iter().find(|key| key.name == name) else {
+            return Err(ConfigError::UnknownFileKey {
+                key: name,
+                path: path.to_path_buf(),
+            });
+        };
+        let text = match (key.kind, &value) {
+            (Kind::Integer, toml::Value::Integer(number)) => number.to_string(),
+            (Kind::Bool, toml::Value::Boolean(flag)) => flag.to_string(),
+            (Kind::Duration | Kind::Text, toml::Value::String(text)) => text.clone(),
+            (kind, other) => {
+                let expected = match kind {
+                    Kind::Integer => "an integer",
+                    Kind::Bool => "true or false",
+                    Kind::Duration => "a duration string like \"30s\"",
+                    Kind::Text => "a string",
+                };
+                return Err(ConfigError::BadValue {
+                    key: key.name,
+                    value: other.to_string(),
+                    origin: Origin::File(path.to_path_buf()),
+                    problem: format!("expected {expected}"),
+                });
+            }
+        };
+        values.push((key.name, text));
+    }
+    Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(flags: &[(&'static str, &str)], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let args = ConfigArgs {
+            config_file: None,
+            flags: flags.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+        };
+        Config::load_from(
+            &args,
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = load(&[], &[]).expect("defaults");
+        assert_eq!(config.fast_expiry, Duration::from_secs(10));
+        assert_eq!(config.dlt_dialect, DltDialect::Scabbard);
+        assert_eq!(config.database_url.backend_name(), "sqlite");
+    }
+
+    #[test]
+    fn flags_beat_environment() {
+        let config = load(
+            &[("renew_interval", "1s")],
+            &[("DLTSUB_RENEW_INTERVAL", "3s")],
+        )
+        .unwrap();
+        assert_eq!(config.renew_interval, Duration::from_secs(1));
+        let config = load(&[], &[("DLTSUB_RENEW_INTERVAL", "3s")]).unwrap();
+        assert_eq!(config.renew_interval, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn bad_duration_names_key_and_origin() {
+        let error = load(&[], &[("DLTSUB_RENEW_INTERVAL", "banana")])
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("renew_interval = \"banana\" (from environment DLTSUB_RENEW_INTERVAL): not a duration"), "{error}");
+        assert!(!error.contains('\n'));
+    }
+
+    #[test]
+    fn expiry_rules() {
+        let error = load(&[("fast_expiry", "60s"), ("slow_expiry", "30s")], &[]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("fast_expiry (1m) must be shorter than slow_expiry (30s)"),
+            "{error}"
+        );
+        let error = load(&[("renew_interval", "5s")], &[]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("renew_interval (5s) must be at most fast_expiry / 3"),
+            "{error}"
+        );
+        let error = load(&[("dlt_request_timeout", "55s")], &[]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("dlt_request_timeout (55s) must fit inside the slow window"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn bad_urls_and_values() {
+        for (key, value, expected) in [
+            ("database_url", "mysql://x", "database_url = \"mysql://x\""),
+            (
+                "database_url",
+                "postgres://host:notaport/db",
+                "not a valid PostgreSQL URL",
+            ),
+            ("dlt_url", "ftp://x", "expected an http:// or https:// URL"),
+            ("dlt_url", "not a url", "not a URL"),
+            ("dlt_dialect", "fabric", "expected scabbard or sawtooth"),
+            ("listen", "localhost", "dltsub"),
+            ("instance_capacity", "0", "must be at least 1"),
+            ("migrate_on_start", "yes", "expected true or false"),
+        ] {
+            let error = load(&[(key, value)], &[]).unwrap_err().to_string();
+            let expected = if expected == "dltsub" { key } else { expected };
+            assert!(error.contains(expected), "{key}={value}: {error}");
+            assert!(error.starts_with(key), "{error}");
+        }
+    }
+
+    #[test]
+    fn unknown_environment_variable_is_rejected() {
+        let error = load(&[], &[("DLTSUB_FAST_EXPIRE", "10s")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("unknown environment variable DLTSUB_FAST_EXPIRE"),
+            "{error}"
+        );
+        load(&[], &[("DLTSUB_LOG", "debug"), ("OTHER", "x")]).expect("non-key variables are fine");
+    }
+
+    #[test]
+    fn file_layer_and_its_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dltsub.toml");
+        std::fs::write(
+            &path,
+            "fast_expiry = \"6s\"\nrenew_interval = \"1s\"\ninstance_capacity = 7\n",
+        )
+        .unwrap();
+        let args = ConfigArgs {
+            config_file: Some(path.clone()),
+            flags: BTreeMap::new(),
+        };
+        let config = Config::load_from(&args, Vec::new()).unwrap();
+        assert_eq!(config.fast_expiry, Duration::from_secs(6));
+        assert_eq!(config.instance_capacity, 7);
+        assert!(
+            config
+                .render()
+                .contains("fast_expiry = \"6s\"  # config file")
+        );
+
+        std::fs::write(&path, "fast_expiry = \"6s\"\nbogus = 1\n").unwrap();
+        let error = Config::load_from(&args, Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("unknown key `bogus` in config file"),
+            "{error}"
+        );
+
+        std::fs::write(&path, "instance_capacity = \"seven\"\n").unwrap();
+        let error = Config::load_from(&args, Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("instance_capacity = \"\\\"seven\\\"\""),
+            "{error}"
+        );
+
+        std::fs::write(&path, "fast_expiry = \n").unwrap();
+        let error = Config::load_from(&args, Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("invalid TOML at line 1"), "{error}");
+        assert!(!error.contains('\n'), "{error}");
+    }
+
+    #[test]
+    fn render_redacts_the_database_password() {
+        let config = load(
+            &[("database_url", "postgres://dltsub:s3cret@db.example/dltsub")],
+            &[],
+        )
+        .unwrap();
+        let rendered = config.render();
+        assert!(!rendered.contains("s3cret"), "{rendered}");
+        assert!(
+            rendered.contains(
+                "database_url = \"postgres://dltsub:***@db.example/dltsub\"  # flag --database-url"
+            ),
+            "{rendered}"
+        );
+    }
+}
