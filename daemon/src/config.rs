@@ -451,6 +451,7 @@ impl Config {
             lock_timeout: self.lock_timeout,
             idle_in_transaction_timeout: self.idle_in_transaction_timeout,
             sqlite_busy_timeout: self.sqlite_busy_timeout,
+            clock_offset: Default::default(),
         }
     }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use diesel::SqliteConnection;
 use diesel_async::pooled_connection::bb8::Pool as Bb8Pool;
-use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use futures::FutureExt;
@@ -106,6 +108,26 @@ pub struct StoreOptions {
     pub idle_in_transaction_timeout: Duration,
     /// SQLite `busy_timeout`: how long a writer waits for another process's write lock.
     pub sqlite_busy_timeout: Duration,
+    /// Added to the database clock by every store opened with these options. Zero in
+    /// production; tests advance it to move past expiries without sleeping.
+    pub clock_offset: ClockOffset,
+}
+
+/// A shift of the database clock shared by every handle that holds a clone of it.
+#[derive(Debug, Clone, Default)]
+pub struct ClockOffset(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+impl ClockOffset {
+    /// Moves the clock of every sharing handle forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let micros = i64::try_from(by.as_micros()).unwrap_or(i64::MAX);
+        self.0
+            .fetch_add(micros, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn micros(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl StoreOptions {
@@ -119,6 +141,7 @@ impl StoreOptions {
             lock_timeout: Duration::from_secs(2),
             idle_in_transaction_timeout: Duration::from_secs(10),
             sqlite_busy_timeout: Duration::from_secs(5),
+            clock_offset: ClockOffset::default(),
         }
     }
 }
@@ -129,15 +152,48 @@ pub(crate) enum Pool {
     Sqlite(Bb8Pool<SqliteConn>),
 }
 
-pub(crate) async fn open_pool(options: &StoreOptions) -> Result<Pool, StoreError> {
+/// Counts the round trips (statements, BEGIN, COMMIT, ROLLBACK) of every connection of a
+/// pool, so benchmarks and metrics can show statements per operation.
+#[derive(Debug, Clone, Default)]
+pub struct RoundTrips(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl RoundTrips {
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn instrumentation(&self) -> impl diesel::connection::Instrumentation {
+        use diesel::connection::InstrumentationEvent as Event;
+        let counter = self.0.clone();
+        move |event: Event<'_>| {
+            // BEGIN, COMMIT and ROLLBACK are sent as queries too, so they appear here as
+            // well as in the transaction events; count only the queries.
+            if matches!(event, Event::StartQuery { .. }) {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+pub(crate) async fn open_pool(
+    options: &StoreOptions,
+    round_trips: &RoundTrips,
+) -> Result<Pool, StoreError> {
     match &options.url {
         DatabaseUrl::Postgres(url) => {
             let session_sql = postgres_session_sql(options);
             let mut config = ManagerConfig::<PgConn>::default();
+            // The default check-out test (`SELECT 1`) would add a round trip to every
+            // transaction; a broken connection surfaces on first use instead, and the
+            // loops retry.
+            config.recycling_method = RecyclingMethod::Fast;
+            let round_trips = round_trips.clone();
             config.custom_setup = Box::new(move |url| {
                 let session_sql = session_sql.clone();
+                let round_trips = round_trips.clone();
                 async move {
                     let mut conn = PgConn::establish(url).await?;
+                    conn.set_instrumentation(round_trips.instrumentation());
                     conn.batch_execute(&session_sql).await.map_err(|error| {
                         diesel::ConnectionError::BadConnection(error.to_string())
                     })?;
@@ -157,10 +213,14 @@ pub(crate) async fn open_pool(options: &StoreOptions) -> Result<Pool, StoreError
         DatabaseUrl::Sqlite(path) => {
             let session_sql = sqlite_session_sql(options);
             let mut config = ManagerConfig::<SqliteConn>::default();
+            config.recycling_method = RecyclingMethod::Fast;
+            let round_trips = round_trips.clone();
             config.custom_setup = Box::new(move |path| {
                 let session_sql = session_sql.clone();
+                let round_trips = round_trips.clone();
                 async move {
                     let mut conn = SqliteConn::establish(path).await?;
+                    conn.set_instrumentation(round_trips.instrumentation());
                     conn.batch_execute(&session_sql).await.map_err(|error| {
                         diesel::ConnectionError::BadConnection(error.to_string())
                     })?;

@@ -10,11 +10,16 @@ use diesel_async::RunQueryDsl;
 use crate::connection::{PgConn, SqliteConn};
 use crate::rows::{NewBatchRow, NewEventRow, NewStatusRow};
 use crate::schema::{batch_events, batch_statuses, batches, services};
+use crate::submission::SubmittableBatch;
 
 /// Rows per multi-row INSERT on PostgreSQL: well under its 65,535 bind parameters.
 const PG_INSERT_CHUNK_ROWS: usize = 1_000;
 
 pub(crate) trait Dialect: Send {
+    /// Appended to a subselect that picks claim rows to change: on PostgreSQL it locks
+    /// them and skips rows another transaction holds; SQLite has one writer at a time.
+    fn row_lock_clause(&self) -> &'static str;
+
     /// Serialises enqueues into the given services until the transaction ends, so that a
     /// service's batches receive `seq` values in commit order: a reader that sees seq n of a
     /// service has already been able to see every smaller seq of it.
@@ -30,9 +35,119 @@ pub(crate) trait Dialect: Send {
     async fn insert_statuses(&mut self, rows: &[NewStatusRow<'_>]) -> QueryResult<()>;
 
     async fn insert_events(&mut self, rows: &[NewEventRow<'_>]) -> QueryResult<()>;
+
+    /// `(service_id, epoch)` of the given services whose claim `instance_id` holds (and,
+    /// with `fast_expiry_after`, whose fast expiry is later than it), locked against a
+    /// concurrent takeover until the transaction ends.
+    async fn lock_held_claims(
+        &mut self,
+        instance_id: &str,
+        service_ids: &[&str],
+        fast_expiry_after: Option<i64>,
+    ) -> QueryResult<Vec<(String, i64)>>;
+
+    /// See `Store::select_submittable`.
+    async fn select_submittable(
+        &mut self,
+        instance_id: &str,
+        now_us: i64,
+        limit: i64,
+    ) -> QueryResult<Vec<SubmittableBatch>>;
+}
+
+/// The unfinished statuses, in the exact words of the partial index `batch_statuses_active`
+/// so that PostgreSQL can use it.
+const ACTIVE_STATUSES: &str = "('QUEUED', 'SUBMITTING', 'PENDING', 'VALID', 'IN_DOUBT')";
+
+#[derive(QueryableByName)]
+struct HeldClaimRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    service_id: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    epoch: i64,
+}
+
+/// `SELECT service_id, epoch` of the claims of `$1` among the services `$3, $4, …` whose
+/// fast expiry is after `$2`, followed by the dialect's `$lock` clause. A macro rather than a
+/// generic function: the trait bounds diesel needs for a generic raw query are longer than
+/// the query.
+macro_rules! load_held_claims {
+    ($conn:expr, $lock:expr, $instance_id:expr, $service_ids:expr, $fast_expiry_after:expr) => {{
+        let mut held = Vec::with_capacity($service_ids.len());
+        for chunk in $service_ids.chunks(1_000) {
+            let placeholders: Vec<String> =
+                (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
+            let sql = format!(
+                "SELECT service_id, epoch FROM service_id_claims \
+                  WHERE claimant = $1 AND fast_expiry_us > $2 AND service_id IN ({}) \
+                  ORDER BY service_id {}",
+                placeholders.join(", "),
+                $lock
+            );
+            let mut query = diesel::sql_query(sql)
+                .into_boxed()
+                .bind::<diesel::sql_types::Text, _>($instance_id)
+                .bind::<diesel::sql_types::BigInt, _>($fast_expiry_after.unwrap_or(i64::MIN));
+            for service_id in chunk {
+                query = query.bind::<diesel::sql_types::Text, _>(*service_id);
+            }
+            let rows: Vec<HeldClaimRow> = query.load($conn).await?;
+            held.extend(rows.into_iter().map(|row| (row.service_id, row.epoch)));
+        }
+        Ok(held)
+    }};
 }
 
 impl Dialect for PgConn {
+    fn row_lock_clause(&self) -> &'static str {
+        "FOR UPDATE SKIP LOCKED"
+    }
+
+    async fn lock_held_claims(
+        &mut self,
+        instance_id: &str,
+        service_ids: &[&str],
+        fast_expiry_after: Option<i64>,
+    ) -> QueryResult<Vec<(String, i64)>> {
+        load_held_claims!(
+            self,
+            "FOR SHARE",
+            instance_id,
+            service_ids,
+            fast_expiry_after
+        )
+    }
+
+    async fn select_submittable(
+        &mut self,
+        instance_id: &str,
+        now_us: i64,
+        limit: i64,
+    ) -> QueryResult<Vec<SubmittableBatch>> {
+        // LATERAL reads, per held service, only its first max_in_flight unfinished batches
+        // through the partial index: the cost follows the number of held services, not
+        // the size of the backlog.
+        let sql = format!(
+            "SELECT w.seq, c.service_id, b.batch_id, c.epoch, b.serialized_batch \
+               FROM service_id_claims c \
+               JOIN services s ON s.service_id = c.service_id \
+              CROSS JOIN LATERAL ( \
+                    SELECT x.seq, x.status, x.next_attempt_at_us FROM batch_statuses x \
+                     WHERE x.service_id = c.service_id AND x.status IN {ACTIVE_STATUSES} \
+                     ORDER BY x.seq LIMIT s.max_in_flight) w \
+               JOIN batches b ON b.seq = w.seq \
+              WHERE c.claimant = $1 AND NOT s.paused \
+                AND w.status = 'QUEUED' AND w.next_attempt_at_us <= $2 \
+              ORDER BY w.seq LIMIT $3"
+        );
+        diesel::sql_query(sql)
+            .bind::<diesel::sql_types::Text, _>(instance_id)
+            .bind::<diesel::sql_types::BigInt, _>(now_us)
+            .bind::<diesel::sql_types::BigInt, _>(limit)
+            .load(self)
+            .await
+    }
+
     async fn lock_services_for_enqueue(&mut self, service_ids: &[&str]) -> QueryResult<()> {
         services::table
             .filter(services::service_id.eq_any(service_ids))
@@ -101,6 +216,52 @@ struct InsertedBatch {
 }
 
 impl Dialect for SqliteConn {
+    fn row_lock_clause(&self) -> &'static str {
+        ""
+    }
+
+    async fn lock_held_claims(
+        &mut self,
+        instance_id: &str,
+        service_ids: &[&str],
+        fast_expiry_after: Option<i64>,
+    ) -> QueryResult<Vec<(String, i64)>> {
+        load_held_claims!(self, "", instance_id, service_ids, fast_expiry_after)
+    }
+
+    async fn select_submittable(
+        &mut self,
+        instance_id: &str,
+        now_us: i64,
+        limit: i64,
+    ) -> QueryResult<Vec<SubmittableBatch>> {
+        // SQLite has no LATERAL and no correlated LIMIT: take each held service's first
+        // few unfinished batches (as many as the largest max_in_flight), then keep those
+        // with fewer than max_in_flight unfinished batches before them.
+        let sql = format!(
+            "SELECT bs.seq, c.service_id, b.batch_id, c.epoch, b.serialized_batch \
+               FROM service_id_claims c \
+               JOIN services s ON s.service_id = c.service_id \
+               JOIN batch_statuses bs ON bs.seq IN ( \
+                    SELECT x.seq FROM batch_statuses x \
+                     WHERE x.service_id = c.service_id AND x.status IN {ACTIVE_STATUSES} \
+                     ORDER BY x.seq LIMIT (SELECT MAX(max_in_flight) FROM services)) \
+               JOIN batches b ON b.seq = bs.seq \
+              WHERE c.claimant = $1 AND NOT s.paused \
+                AND bs.status = 'QUEUED' AND bs.next_attempt_at_us <= $2 \
+                AND (SELECT COUNT(*) FROM batch_statuses z \
+                      WHERE z.service_id = c.service_id AND z.status IN {ACTIVE_STATUSES} \
+                        AND z.seq < bs.seq) < s.max_in_flight \
+              ORDER BY bs.seq LIMIT $3"
+        );
+        diesel::sql_query(sql)
+            .bind::<diesel::sql_types::Text, _>(instance_id)
+            .bind::<diesel::sql_types::BigInt, _>(now_us)
+            .bind::<diesel::sql_types::BigInt, _>(limit)
+            .load(self)
+            .await
+    }
+
     async fn lock_services_for_enqueue(&mut self, _service_ids: &[&str]) -> QueryResult<()> {
         // Every SQLite write transaction starts with BEGIN IMMEDIATE and so already holds
         // the database's single write lock.

@@ -9,7 +9,7 @@ use crate::connection::write_transaction;
 use crate::dialect::Dialect;
 use crate::rows::{NewBatchRow, NewEventRow, NewStatusRow};
 use crate::schema::{batch_statuses, batches, service_id_claims, services};
-use crate::{BatchStatus, MAX_SERVICE_ID_LEN, Store, StoreError};
+use crate::{BatchStatus, MAX_SERVICE_ID_LEN, Store, StoreError, service_shard};
 
 /// Ids per `IN (…)` list: well under PostgreSQL's 65,535 bind parameters and SQLite's
 /// 32,766 host parameters.
@@ -63,7 +63,10 @@ impl Store {
                 .execute(conn)
                 .await?;
             diesel::insert_into(service_id_claims::table)
-                .values(service_id_claims::service_id.eq(service_id))
+                .values((
+                    service_id_claims::service_id.eq(service_id),
+                    service_id_claims::shard.eq(service_shard(service_id)),
+                ))
                 .on_conflict_do_nothing()
                 .execute(conn)
                 .await?;

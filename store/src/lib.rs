@@ -1,23 +1,31 @@
 #![doc = include_str!("../README.md")]
 
+mod claims;
 mod clock;
 mod connection;
 mod dialect;
 mod enqueue;
 mod migrate;
+mod retention;
 mod rows;
 mod schema;
 mod status;
+mod submission;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
 use diesel_async::RunQueryDsl;
 
+pub use claims::{
+    ClaimRecord, ClaimTiming, ClusterView, HeldClaim, InstanceInfo, InstanceRecord, InstanceState,
+    LEADER_LEASE, LiveInstance, SHARD_RANGE, TickOutcome, TickPlan, service_shard,
+};
 pub use clock::DbNowMicros;
-pub use connection::{DatabaseUrl, StoreOptions};
+pub use connection::{ClockOffset, DatabaseUrl, RoundTrips, StoreOptions};
 pub use enqueue::{EnqueuedBatch, NewBatch};
 pub use migrate::{MigrationReport, known_migrations, run_migrations};
 pub use status::BatchStatus;
+pub use submission::{FencedOutcome, SubmittableBatch};
 
 use connection::{Pool, with_conn};
 
@@ -66,8 +74,10 @@ impl StoreError {
 pub struct Store {
     pool: Pool,
     url: DatabaseUrl,
-    /// Added to the database clock; zero except in tests that move one instance's time.
-    clock_offset_us: i64,
+    /// Added to the database clock; zero except in tests that move time forward.
+    clock_offset: ClockOffset,
+    /// Round trips made through this pool (every clone of this handle shares the count).
+    round_trips: RoundTrips,
     /// Serialises this process's SQLite write transactions (see `write_transaction!`).
     sqlite_write_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
@@ -75,21 +85,30 @@ pub struct Store {
 impl Store {
     /// Opens a pool. Does not migrate: see [`run_migrations`].
     pub async fn connect(options: &StoreOptions) -> Result<Self, StoreError> {
+        let round_trips = RoundTrips::default();
         Ok(Self {
-            pool: connection::open_pool(options).await?,
+            pool: connection::open_pool(options, &round_trips).await?,
+            round_trips,
             url: options.url.clone(),
-            clock_offset_us: 0,
+            clock_offset: options.clock_offset.clone(),
             sqlite_write_gate: Default::default(),
         })
     }
 
-    /// The same pool, seeing the database clock shifted by `offset`. For tests that move
-    /// time past an expiry without sleeping.
+    /// The same pool, seeing the database clock shifted by `offset` (and not by the
+    /// offset shared with other handles). For tests.
     pub fn with_clock_offset(&self, offset: std::time::Duration) -> Self {
+        let clock_offset = ClockOffset::default();
+        clock_offset.advance(offset);
         Self {
-            clock_offset_us: i64::try_from(offset.as_micros()).unwrap_or(i64::MAX),
+            clock_offset,
             ..self.clone()
         }
+    }
+
+    /// Statements, BEGINs and COMMITs sent through this handle's pool so far.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.get()
     }
 
     pub fn url(&self) -> &DatabaseUrl {
@@ -98,7 +117,7 @@ impl Store {
 
     /// `now` on the database clock (plus this handle's offset), as an SQL expression.
     pub(crate) fn now(&self) -> DbNowMicros {
-        DbNowMicros::with_offset(self.clock_offset_us)
+        DbNowMicros::with_offset(self.clock_offset.micros())
     }
 
     /// Reads the database clock: microseconds since the Unix epoch.

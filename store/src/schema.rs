@@ -31,6 +31,16 @@ diesel::table! {
         fast_expiry_us -> BigInt,
         slow_expiry_us -> BigInt,
         claimed_at_us -> Nullable<BigInt>,
+        shard -> BigInt,
+    }
+}
+
+diesel::table! {
+    cluster_leases (name) {
+        name -> Text,
+        holder -> Nullable<Text>,
+        epoch -> BigInt,
+        expiry_us -> BigInt,
     }
 }
 
@@ -81,6 +91,7 @@ diesel::joinable!(batch_events -> batches (seq));
 diesel::allow_tables_to_appear_in_same_query!(
     instances,
     services,
+    cluster_leases,
     service_id_claims,
     batches,
     batch_statuses,

@@ -34,9 +34,22 @@ CREATE TABLE service_id_claims (
     epoch           BIGINT NOT NULL DEFAULT 0,
     fast_expiry_us  BIGINT NOT NULL DEFAULT 0,
     slow_expiry_us  BIGINT NOT NULL DEFAULT 0,
-    claimed_at_us   BIGINT NULL
+    claimed_at_us   BIGINT NULL,
+    -- A stable pseudo-random number per service (a hash of its id). Instances try services
+    -- in an order rotated by their position in the live-instance list, so they don't all
+    -- reach for the same rows first.
+    shard           BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX service_id_claims_claimant ON service_id_claims (claimant);
+
+-- Cluster-wide leases with the same expiry and epoch rules as service claims; the holder of
+-- 'leader' runs the chores (pruning dead instances, retention).
+CREATE TABLE cluster_leases (
+    name        TEXT PRIMARY KEY,
+    holder      TEXT NULL,
+    epoch       BIGINT NOT NULL DEFAULT 0,
+    expiry_us   BIGINT NOT NULL DEFAULT 0
+);
 
 -- Accepted batches, immutable once written. `seq` is the global order of acceptance; per
 -- service it is also the submission order (enqueue serialises on the service row so that a

@@ -1,0 +1,513 @@
+//! The SQL of the claim protocol (DESIGN.md §3). The protocol's policy — fair share, the
+//! self-fencing deadline, when to tick — lives in the `dltsub-queuer` crate; this module
+//! only reads and writes rows, every time with the database clock.
+//!
+//! One claim tick is one transaction: heartbeat, read the live instances, renew what I
+//! hold, then release and acquire as the caller's plan says. Its statement count does not
+//! depend on the number of services.
+//!
+//! **Takeable claims.** A claim row may be acquired when it is unclaimed, past its slow
+//! expiry, or past its fast expiry while no batch of its service is SUBMITTING. On
+//! PostgreSQL the candidate rows are locked with `FOR UPDATE SKIP LOCKED`, so concurrent
+//! acquirers get disjoint rows without waiting, and a row renewed by its holder between our
+//! snapshot and our lock is re-checked against its new expiry. One gap remains at the
+//! database level: a holder might mark a batch SUBMITTING after our snapshot and before our
+//! lock. That mark is itself refused unless the holder's claim is inside its fast expiry
+//! (see `fencing.rs`), and a claim is only fast-path takeable past it, so the two cannot
+//! both succeed.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::RunQueryDsl;
+
+use crate::connection::{with_conn, write_transaction};
+use crate::dialect::Dialect;
+use crate::schema::{cluster_leases, instances, service_id_claims};
+use crate::{Store, StoreError};
+
+/// Who an instance is, as written in the `instances` registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceInfo {
+    /// `hostname:pid:suffix8`, readable by operators.
+    pub instance_id: String,
+    pub hostname: String,
+    pub pid: i64,
+    pub version: String,
+    /// Weight in the fair share of services.
+    pub capacity: i32,
+}
+
+/// Whether an instance takes new work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceState {
+    Running,
+    /// Shutting down: acquires nothing, counts for nobody's fair share.
+    Draining,
+}
+
+impl InstanceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Running => "running",
+            InstanceState::Draining => "draining",
+        }
+    }
+}
+
+/// A live instance as the registry sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveInstance {
+    pub instance_id: String,
+    pub capacity: i32,
+    pub state: InstanceState,
+}
+
+/// The right to submit one service's batches, at one epoch (the fencing token).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HeldClaim {
+    pub service_id: String,
+    pub epoch: i64,
+}
+
+/// How long claims and heartbeats last.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimTiming {
+    pub fast_expiry: Duration,
+    pub slow_expiry: Duration,
+    /// An instance whose heartbeat is older than this is not live (not counted in the
+    /// fair share; pruned by the leader).
+    pub instance_stale_after: Duration,
+}
+
+/// What the tick saw before deciding what to release and acquire.
+#[derive(Debug, Clone)]
+pub struct ClusterView<'a> {
+    pub me: &'a str,
+    /// Live instances (fresh heartbeat), ordered by id; includes me.
+    pub live: &'a [LiveInstance],
+    /// All services that have a claim row.
+    pub claimable_services: i64,
+    /// How many claims I hold after renewal.
+    pub held: usize,
+}
+
+/// The caller's decision for this tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TickPlan {
+    /// Acquire at most this many takeable claims.
+    pub acquire: usize,
+    /// Release this many claims that have no batch mid-submission.
+    pub release: usize,
+    /// Rotation of the order in which services are tried (see the `shard` column).
+    pub order_offset: i64,
+}
+
+/// The outcome of one tick, from the database's point of view.
+#[derive(Debug, Clone, Default)]
+pub struct TickOutcome {
+    /// Everything I hold after the tick, sorted: renewed plus acquired.
+    pub held: Vec<HeldClaim>,
+    pub acquired: Vec<HeldClaim>,
+    /// Service ids released by this tick.
+    pub released: Vec<String>,
+    pub live: Vec<LiveInstance>,
+    pub plan: TickPlan,
+    /// The leader lease's epoch if I hold it after the tick.
+    pub leader_epoch: Option<i64>,
+}
+
+/// A claim row as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable)]
+pub struct ClaimRecord {
+    pub service_id: String,
+    pub claimant: Option<String>,
+    pub epoch: i64,
+    pub fast_expiry_us: i64,
+    pub slow_expiry_us: i64,
+    pub claimed_at_us: Option<i64>,
+}
+
+/// The range of the `shard` column: a service's shard is a hash of its id modulo this.
+pub const SHARD_RANGE: i64 = 1 << 31;
+
+/// A stable hash of a service id into `0..SHARD_RANGE` (FNV-1a), used to spread the
+/// services instances try first.
+pub fn service_shard(service_id: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in service_id.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    (hash % SHARD_RANGE as u64) as i64
+}
+
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[derive(QueryableByName)]
+struct ClaimRow {
+    #[diesel(sql_type = Text)]
+    service_id: String,
+    #[diesel(sql_type = BigInt)]
+    epoch: i64,
+}
+
+#[derive(QueryableByName)]
+struct ServiceIdRow {
+    #[diesel(sql_type = Text)]
+    service_id: String,
+}
+
+/// The parameters are written `$1, $2, …` in order of first appearance: PostgreSQL reads
+/// them by number and SQLite numbers named parameters in that same order, so one text
+/// serves both. `{lock}` is the dialect's row-locking clause.
+const ACQUIRE_SQL: &str = "\
+UPDATE service_id_claims
+   SET claimant = $1, epoch = epoch + 1, fast_expiry_us = $2 + $3, slow_expiry_us = $2 + $4,
+       claimed_at_us = $2
+ WHERE service_id IN (
+       SELECT c.service_id FROM service_id_claims c
+        WHERE (c.claimant IS NULL OR c.claimant <> $1)
+          AND (c.claimant IS NULL
+               OR c.slow_expiry_us <= $2
+               OR (c.fast_expiry_us <= $2 AND NOT EXISTS (
+                      SELECT 1 FROM batch_statuses b
+                       WHERE b.service_id = c.service_id AND b.status = 'SUBMITTING')))
+        ORDER BY (c.shard + $5) % 2147483648, c.service_id
+        LIMIT $6 {lock})
+RETURNING service_id, epoch";
+
+const RELEASE_IDLE_SQL: &str = "\
+UPDATE service_id_claims
+   SET claimant = NULL, fast_expiry_us = 0, slow_expiry_us = 0
+ WHERE service_id IN (
+       SELECT c.service_id FROM service_id_claims c
+        WHERE c.claimant = $1
+          AND NOT EXISTS (
+              SELECT 1 FROM batch_statuses b
+               WHERE b.service_id = c.service_id AND b.status = 'SUBMITTING')
+        ORDER BY c.shard DESC, c.service_id
+        LIMIT $2 {lock})
+RETURNING service_id";
+
+/// The name of the cluster-wide lease whose holder runs the chores.
+pub const LEADER_LEASE: &str = "leader";
+
+/// Inside a write transaction: keep or take the named lease for `ttl`; evaluates to the
+/// lease epoch if I hold it afterwards. Renewal keeps the epoch; a change of holder bumps
+/// it. A macro because it runs inside both the tick's transaction and `try_lease`'s, once
+/// per backend.
+macro_rules! keep_or_take_lease {
+    ($conn:ident, $name:expr, $instance_id:expr, $now_us:expr, $ttl:expr) => {{
+        let renewed: Option<i64> = diesel::update(cluster_leases::table)
+            .filter(cluster_leases::name.eq($name))
+            .filter(cluster_leases::holder.eq($instance_id))
+            .set(cluster_leases::expiry_us.eq($now_us + $ttl))
+            .returning(cluster_leases::epoch)
+            .get_result($conn)
+            .await
+            .optional()?;
+        match renewed {
+            Some(epoch) => Some(epoch),
+            None => {
+                let taken: Option<i64> = diesel::update(cluster_leases::table)
+                    .filter(cluster_leases::name.eq($name))
+                    .filter(
+                        cluster_leases::holder
+                            .is_null()
+                            .or(cluster_leases::expiry_us.le($now_us)),
+                    )
+                    .set((
+                        cluster_leases::holder.eq($instance_id),
+                        cluster_leases::epoch.eq(cluster_leases::epoch + 1),
+                        cluster_leases::expiry_us.eq($now_us + $ttl),
+                    ))
+                    .returning(cluster_leases::epoch)
+                    .get_result($conn)
+                    .await
+                    .optional()?;
+                match taken {
+                    Some(epoch) => Some(epoch),
+                    // The very first lease of a cluster: create its row, held by me.
+                    None => diesel::insert_into(cluster_leases::table)
+                        .values((
+                            cluster_leases::name.eq($name),
+                            cluster_leases::holder.eq($instance_id),
+                            cluster_leases::epoch.eq(1_i64),
+                            cluster_leases::expiry_us.eq($now_us + $ttl),
+                        ))
+                        .on_conflict_do_nothing()
+                        .returning(cluster_leases::epoch)
+                        .get_result($conn)
+                        .await
+                        .optional()?,
+                }
+            }
+        }
+    }};
+}
+
+impl Store {
+    /// One claim tick in one transaction: heartbeat (re-registering me if I was pruned),
+    /// read the live instances, renew every claim I hold, let `plan` decide, release idle
+    /// claims and acquire takeable ones as planned, and keep or take the leader lease
+    /// (for `fast_expiry`). A draining instance renews but neither acquires, nor leads, nor
+    /// counts as live.
+    pub async fn claim_tick<P>(
+        &self,
+        me: &InstanceInfo,
+        state: InstanceState,
+        timing: ClaimTiming,
+        plan: P,
+    ) -> Result<TickOutcome, StoreError>
+    where
+        P: FnOnce(&ClusterView<'_>) -> TickPlan + Send,
+    {
+        let now = self.now();
+        let fast = micros(timing.fast_expiry);
+        let slow = micros(timing.slow_expiry);
+        let stale = micros(timing.instance_stale_after);
+        write_transaction!(self, |conn| {
+            let now_us: i64 = diesel::select(now).get_result(conn).await?;
+            diesel::insert_into(instances::table)
+                .values((
+                    instances::instance_id.eq(&me.instance_id),
+                    instances::hostname.eq(&me.hostname),
+                    instances::pid.eq(me.pid),
+                    instances::version.eq(&me.version),
+                    instances::capacity.eq(me.capacity),
+                    instances::state.eq(state.as_str()),
+                    instances::started_at_us.eq(now_us),
+                    instances::heartbeat_at_us.eq(now_us),
+                ))
+                .on_conflict(instances::instance_id)
+                .do_update()
+                .set((
+                    instances::heartbeat_at_us.eq(now_us),
+                    instances::state.eq(state.as_str()),
+                    instances::capacity.eq(me.capacity),
+                ))
+                .execute(conn)
+                .await?;
+            let live: Vec<LiveInstance> = instances::table
+                .filter(instances::heartbeat_at_us.gt(now_us - stale))
+                .filter(instances::state.eq(InstanceState::Running.as_str()))
+                .order(instances::instance_id)
+                .select((instances::instance_id, instances::capacity))
+                .load::<(String, i32)>(conn)
+                .await?
+                .into_iter()
+                .map(|(instance_id, capacity)| LiveInstance {
+                    instance_id,
+                    capacity,
+                    state: InstanceState::Running,
+                })
+                .collect();
+            let mut held: Vec<HeldClaim> = diesel::update(service_id_claims::table)
+                .filter(service_id_claims::claimant.eq(&me.instance_id))
+                .set((
+                    service_id_claims::fast_expiry_us.eq(now_us + fast),
+                    service_id_claims::slow_expiry_us.eq(now_us + slow),
+                ))
+                .returning((service_id_claims::service_id, service_id_claims::epoch))
+                .get_results::<(String, i64)>(conn)
+                .await?
+                .into_iter()
+                .map(|(service_id, epoch)| HeldClaim { service_id, epoch })
+                .collect();
+            let claimable_services: i64 = service_id_claims::table.count().get_result(conn).await?;
+
+            let view = ClusterView {
+                me: &me.instance_id,
+                live: &live,
+                claimable_services,
+                held: held.len(),
+            };
+            let mut plan = plan(&view);
+            if state == InstanceState::Draining {
+                plan.acquire = 0;
+            }
+
+            let mut released = Vec::new();
+            if plan.release > 0 {
+                let sql = RELEASE_IDLE_SQL.replace("{lock}", conn.row_lock_clause());
+                released = diesel::sql_query(sql)
+                    .bind::<Text, _>(&me.instance_id)
+                    .bind::<BigInt, _>(plan.release as i64)
+                    .load::<ServiceIdRow>(conn)
+                    .await?
+                    .into_iter()
+                    .map(|row| row.service_id)
+                    .collect();
+                held.retain(|claim| !released.contains(&claim.service_id));
+            }
+            let mut acquired = Vec::new();
+            if plan.acquire > 0 {
+                let sql = ACQUIRE_SQL.replace("{lock}", conn.row_lock_clause());
+                acquired = diesel::sql_query(sql)
+                    .bind::<Text, _>(&me.instance_id)
+                    .bind::<BigInt, _>(now_us)
+                    .bind::<BigInt, _>(fast)
+                    .bind::<BigInt, _>(slow)
+                    .bind::<BigInt, _>(plan.order_offset.rem_euclid(SHARD_RANGE))
+                    .bind::<BigInt, _>(plan.acquire as i64)
+                    .load::<ClaimRow>(conn)
+                    .await?
+                    .into_iter()
+                    .map(|row| HeldClaim {
+                        service_id: row.service_id,
+                        epoch: row.epoch,
+                    })
+                    .collect();
+                held.extend(acquired.iter().cloned());
+            }
+            held.sort();
+            acquired.sort();
+            let leader_epoch = if state == InstanceState::Running {
+                keep_or_take_lease!(conn, LEADER_LEASE, &me.instance_id, now_us, fast)
+            } else {
+                None
+            };
+            Ok(TickOutcome {
+                held,
+                acquired,
+                released,
+                live,
+                plan,
+                leader_epoch,
+            })
+        })
+    }
+
+    /// Hands back every claim of mine with no batch mid-submission, effective at once:
+    /// claimant cleared and expiries in the past, so other instances take the services
+    /// on their next tick instead of waiting for an expiry. For graceful shutdown, after
+    /// in-flight work has drained. Returns the released service ids.
+    pub async fn release_idle_claims(&self, instance_id: &str) -> Result<Vec<String>, StoreError> {
+        write_transaction!(self, |conn| {
+            let sql = RELEASE_IDLE_SQL.replace("{lock}", conn.row_lock_clause());
+            let rows = diesel::sql_query(sql)
+                .bind::<Text, _>(instance_id)
+                .bind::<BigInt, _>(i64::MAX)
+                .load::<ServiceIdRow>(conn)
+                .await?;
+            Ok(rows.into_iter().map(|row| row.service_id).collect())
+        })
+    }
+
+    /// Removes my row from the registry (graceful shutdown, after releasing claims).
+    pub async fn deregister_instance(&self, instance_id: &str) -> Result<(), StoreError> {
+        write_transaction!(self, |conn| {
+            diesel::delete(instances::table.filter(instances::instance_id.eq(instance_id)))
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    /// Every claim row, by service id.
+    pub async fn claims(&self) -> Result<Vec<ClaimRecord>, StoreError> {
+        with_conn!(self, |conn| {
+            Ok(service_id_claims::table
+                .order(service_id_claims::service_id)
+                .select((
+                    service_id_claims::service_id,
+                    service_id_claims::claimant,
+                    service_id_claims::epoch,
+                    service_id_claims::fast_expiry_us,
+                    service_id_claims::slow_expiry_us,
+                    service_id_claims::claimed_at_us,
+                ))
+                .load(conn)
+                .await?)
+        })
+    }
+
+    /// Takes or keeps the named cluster lease (e.g. "leader") for `ttl`. Returns the
+    /// lease's epoch if I hold it after the call, `None` if someone else does. Same rules
+    /// as service claims: the epoch grows when the holder changes, never on renewal.
+    pub async fn try_lease(
+        &self,
+        name: &str,
+        instance_id: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let now = self.now();
+        let ttl = micros(ttl);
+        write_transaction!(self, |conn| {
+            let now_us: i64 = diesel::select(now).get_result(conn).await?;
+            Ok(keep_or_take_lease!(conn, name, instance_id, now_us, ttl))
+        })
+    }
+
+    /// Gives up a cluster lease I hold (graceful shutdown).
+    pub async fn release_lease(&self, name: &str, instance_id: &str) -> Result<(), StoreError> {
+        write_transaction!(self, |conn| {
+            diesel::update(cluster_leases::table)
+                .filter(cluster_leases::name.eq(name))
+                .filter(cluster_leases::holder.eq(instance_id))
+                .set((
+                    cluster_leases::holder.eq(None::<String>),
+                    cluster_leases::expiry_us.eq(0),
+                ))
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    /// Deletes instances whose heartbeat is older than `stale_after` (a leader chore).
+    /// Returns their ids. Their claims are left to expire: only expiry moves a claim.
+    pub async fn prune_instances(&self, stale_after: Duration) -> Result<Vec<String>, StoreError> {
+        let now = self.now();
+        let stale = micros(stale_after);
+        write_transaction!(self, |conn| {
+            let now_us: i64 = diesel::select(now).get_result(conn).await?;
+            Ok(diesel::delete(
+                instances::table.filter(instances::heartbeat_at_us.le(now_us - stale)),
+            )
+            .returning(instances::instance_id)
+            .get_results(conn)
+            .await?)
+        })
+    }
+
+    /// Every registered instance with its heartbeat age in microseconds (for operators).
+    pub async fn instances(&self) -> Result<Vec<InstanceRecord>, StoreError> {
+        let now = self.now();
+        with_conn!(self, |conn| {
+            Ok(instances::table
+                .order(instances::instance_id)
+                .select((
+                    instances::instance_id,
+                    instances::hostname,
+                    instances::pid,
+                    instances::version,
+                    instances::capacity,
+                    instances::state,
+                    instances::started_at_us,
+                    instances::heartbeat_at_us,
+                    now,
+                ))
+                .load(conn)
+                .await?)
+        })
+    }
+}
+
+/// An `instances` row, plus the database clock when it was read.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable)]
+pub struct InstanceRecord {
+    pub instance_id: String,
+    pub hostname: String,
+    pub pid: i64,
+    pub version: String,
+    pub capacity: i32,
+    pub state: String,
+    pub started_at_us: i64,
+    pub heartbeat_at_us: i64,
+    pub read_at_us: i64,
+}
