@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
 
+pub mod bench;
 pub mod config;
 pub mod migrate;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use dltsub::config::{Config, ConfigArgs, ConfigError};
-use dltsub::migrate;
+use dltsub::{bench, migrate};
 
 /// A high-availability batch submitter for a distributed ledger.
 #[derive(Debug, Parser)]
@@ -28,6 +28,11 @@ enum Command {
     Config {
         #[command(flatten)]
         config: ConfigArgs,
+    },
+    /// Benchmarks that print figures (see BENCHMARKS in the README).
+    Bench {
+        #[command(subcommand)]
+        what: bench::BenchCommand,
     },
 }
 
@@ -88,14 +93,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let config = Config::load(&config)?;
             print!("{}", config.render());
         }
+        Command::Bench { what } => bench::run(what).await?,
     }
     Ok(())
 }
 
-/// Logs go to stderr; `DLTSUB_LOG` takes a tracing filter (default `info`).
+/// Logs go to stderr; `DLTSUB_LOG` takes a tracing filter (default `info`, with the
+/// PostgreSQL driver's notices at `warn`).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DLTSUB_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

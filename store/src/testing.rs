@@ -167,6 +167,18 @@ impl Store {
         })
     }
 
+    /// Runs one SQL statement (tests only, never user input) and returns rows affected.
+    pub async fn execute_for_tests(&self, sql: &str) -> usize {
+        use diesel_async::RunQueryDsl;
+        let result: Result<usize, crate::StoreError> = async {
+            crate::connection::with_conn!(self, |conn| {
+                Ok(diesel::sql_query(sql).execute(conn).await?)
+            })
+        }
+        .await;
+        result.unwrap_or_else(|error| panic!("{sql}: {error}"))
+    }
+
     /// Rows in `table` (a name from the schema; tests only, never user input).
     pub async fn count_rows_for_tests(&self, table: &str) -> i64 {
         self.scalar_i64_for_tests(&format!("(SELECT COUNT(*) FROM {table})"))

@@ -273,6 +273,7 @@ backend_tests!(
     one_enqueue_of_ten_thousand_batches,
     database_clock_and_offsets,
     schema_rejects_truncated_batch_ids,
+    retention_deletes_only_old_terminal_batches,
 );
 
 mod postgres_only {
@@ -321,4 +322,37 @@ mod sqlite_only {
             .await;
         assert_eq!(wal, 1);
     }
+}
+
+/// Retention deletes terminal batches past the age, with their statuses and history, and
+/// leaves unfinished and recent ones alone.
+async fn retention_deletes_only_old_terminal_batches(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    store
+        .enqueue(
+            "svc",
+            &[new_batch(1, b"a"), new_batch(2, b"b"), new_batch(3, b"c")],
+        )
+        .await
+        .unwrap();
+    // Batch 1 committed long ago, batch 2 committed just now, batch 3 still queued.
+    store
+        .execute_for_tests("UPDATE batch_statuses SET status = 'COMMITTED' WHERE seq IN (SELECT seq FROM batches WHERE batch_id LIKE '%1' OR batch_id LIKE '%2')")
+        .await;
+    store
+        .execute_for_tests("UPDATE batch_statuses SET updated_at_us = 0 WHERE seq = (SELECT seq FROM batches WHERE batch_id LIKE '%1')")
+        .await;
+    let deleted = store
+        .delete_terminal_batches(Duration::from_secs(3600), 100)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    assert_eq!(store.count_rows_for_tests("batches").await, 2);
+    assert_eq!(store.count_rows_for_tests("batch_statuses").await, 2);
+    assert_eq!(store.count_rows_for_tests("batch_events").await, 2);
+    let remaining = store
+        .scalar_i64_for_tests("(SELECT COUNT(*) FROM batches WHERE batch_id LIKE '%1')")
+        .await;
+    assert_eq!(remaining, 0, "the old committed batch is the one deleted");
 }

@@ -1,0 +1,76 @@
+//! `dltsub bench …`: benchmark commands that print figures. Performance targets live
+//! here, never in timed tests.
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use dltsub_store::testing::{TestBackend, TestDatabase};
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The cost of one claim tick: duration and database statements, for several numbers
+    /// of services. Runs in a scratch schema of the test database (`scripts/setup-postgres`
+    /// creates it; `DLTSUB_TEST_DATABASE_URL` overrides) or a scratch SQLite file.
+    Queuer(QueuerBenchArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+#[derive(Debug, Args)]
+pub struct QueuerBenchArgs {
+    #[arg(long, value_enum, default_value = "postgres")]
+    backend: Backend,
+    /// Numbers of services to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    services: Vec<usize>,
+    /// Instances ticking against the same database.
+    #[arg(long, default_value_t = 4)]
+    instances: usize,
+    /// Measured rounds (every instance ticks once per round).
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
+}
+
+pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Queuer(args) => queuer(args).await,
+    }
+}
+
+async fn queuer(args: QueuerBenchArgs) -> anyhow::Result<()> {
+    let backend = match args.backend {
+        Backend::Postgres => TestBackend::Postgres,
+        Backend::Sqlite => TestBackend::Sqlite,
+    };
+    println!(
+        "queuer tick on {:?}, {} instances, {} measured rounds",
+        args.backend, args.instances, args.rounds
+    );
+    println!(
+        "{:>9} {:>7} {:>12} {:>12} {:>16}",
+        "services", "ticks", "median tick", "p95 tick", "statements/tick"
+    );
+    for services in &args.services {
+        let database = TestDatabase::migrated(backend).await;
+        let row = dltsub_queuer::bench::run_queuer_bench(
+            &database.options,
+            *services,
+            args.instances,
+            args.rounds,
+        )
+        .await
+        .with_context(|| format!("benchmark with {services} services"))?;
+        println!(
+            "{:>9} {:>7} {:>12} {:>12} {:>16.1}",
+            row.services,
+            row.ticks,
+            format!("{:.2?}", row.median_tick),
+            format!("{:.2?}", row.p95_tick),
+            row.round_trips_per_tick
+        );
+    }
+    Ok(())
+}
