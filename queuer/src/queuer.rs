@@ -69,6 +69,9 @@ pub struct TickReport {
     pub lost: Vec<HeldClaim>,
     pub live_instances: usize,
     pub leader: bool,
+    /// Batches found mid-submission in services taken over, now IN_DOUBT: the observer
+    /// asks the ledger about them before anything is resubmitted.
+    pub in_doubt: Vec<i64>,
 }
 
 /// One instance's queuer. Owned by its loop; the submission path reads the held claims
@@ -179,6 +182,7 @@ impl Queuer {
             lost,
             live_instances: outcome.live.len(),
             leader,
+            in_doubt: outcome.in_doubt,
         })
     }
 

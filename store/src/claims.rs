@@ -24,8 +24,9 @@ use diesel_async::RunQueryDsl;
 
 use crate::connection::{with_conn, write_transaction};
 use crate::dialect::Dialect;
-use crate::schema::{cluster_leases, instances, service_id_claims};
-use crate::{Store, StoreError};
+use crate::rows::NewEventRow;
+use crate::schema::{batch_statuses, cluster_leases, instances, service_id_claims};
+use crate::{BatchStatus, Store, StoreError};
 
 /// Who an instance is, as written in the `instances` registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +117,8 @@ pub struct TickOutcome {
     pub plan: TickPlan,
     /// The leader lease's epoch if I hold it after the tick.
     pub leader_epoch: Option<i64>,
+    /// Batches found SUBMITTING in services just taken over, now IN_DOUBT.
+    pub in_doubt: Vec<i64>,
 }
 
 /// A claim row as operators see it.
@@ -364,6 +367,43 @@ impl Store {
                     .collect();
                 held.extend(acquired.iter().cloned());
             }
+            // A takeover inherits whatever the previous holder left mid-submission: its POST
+            // may or may not have reached the ledger, so the ledger is asked before anything
+            // is resubmitted (DESIGN.md §4).
+            let mut in_doubt = Vec::new();
+            for chunk in acquired.chunks(1_000) {
+                let services: Vec<&str> = chunk.iter().map(|c| c.service_id.as_str()).collect();
+                let moved: Vec<(i64, String)> = diesel::update(batch_statuses::table)
+                    .filter(batch_statuses::service_id.eq_any(&services))
+                    .filter(batch_statuses::status.eq(BatchStatus::Submitting.as_str()))
+                    .set((
+                        batch_statuses::status.eq(BatchStatus::InDoubt.as_str()),
+                        batch_statuses::updated_at_us.eq(now_us),
+                    ))
+                    .returning((batch_statuses::seq, batch_statuses::service_id))
+                    .get_results(conn)
+                    .await?;
+                in_doubt.extend(moved);
+            }
+            if !in_doubt.is_empty() {
+                let epoch_of: std::collections::HashMap<&str, i64> = acquired
+                    .iter()
+                    .map(|c| (c.service_id.as_str(), c.epoch))
+                    .collect();
+                let events: Vec<NewEventRow<'_>> = in_doubt
+                    .iter()
+                    .map(|(seq, service_id)| NewEventRow {
+                        seq: *seq,
+                        old_status: Some(BatchStatus::Submitting.as_str()),
+                        new_status: BatchStatus::InDoubt.as_str(),
+                        epoch: epoch_of.get(service_id.as_str()).copied(),
+                        instance_id: Some(&me.instance_id),
+                        detail: Some("taken over mid-submission"),
+                        at_us: now_us,
+                    })
+                    .collect();
+                conn.insert_events(&events).await?;
+            }
             held.sort();
             acquired.sort();
             let leader_epoch = if state == InstanceState::Running {
@@ -378,6 +418,7 @@ impl Store {
                 live,
                 plan,
                 leader_epoch,
+                in_doubt: in_doubt.into_iter().map(|(seq, _)| seq).collect(),
             })
         })
     }

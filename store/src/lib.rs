@@ -13,6 +13,7 @@ mod status;
 mod submission;
 #[cfg(feature = "test-support")]
 pub mod testing;
+mod transitions;
 
 use diesel_async::RunQueryDsl;
 
@@ -26,6 +27,7 @@ pub use enqueue::{EnqueuedBatch, NewBatch};
 pub use migrate::{MigrationReport, known_migrations, run_migrations};
 pub use status::BatchStatus;
 pub use submission::{FencedOutcome, SubmittableBatch};
+pub use transitions::{PollableBatch, Transition, UnknownSince};
 
 use connection::{Pool, with_conn};
 
