@@ -11,4 +11,4 @@ pub use dltsub_store::LEADER_LEASE;
 pub use fair_share::{fair_share, plan};
 pub use held::HeldClaims;
 pub use identity::this_instance;
-pub use queuer::{Queuer, QueuerConfig, TickReport};
+pub use queuer::{ClaimsHandle, Queuer, QueuerConfig, TickReport};

@@ -4,9 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use dltsub_store::{
-    ClaimTiming, FencedOutcome, HeldClaim, InstanceInfo, InstanceState, LEADER_LEASE, Store,
-    StoreError, SubmittableBatch,
+    ClaimTiming, FencedOutcome, HeldClaim, InstanceInfo, InstanceState, LEADER_LEASE,
+    PollableBatch, Store, StoreError, SubmittableBatch, Transition,
 };
 use rand::Rng;
 use tokio::sync::watch;
@@ -81,13 +83,13 @@ pub struct Queuer {
     me: InstanceInfo,
     config: QueuerConfig,
     state: InstanceState,
-    held_tx: watch::Sender<HeldClaims>,
+    held_tx: Arc<watch::Sender<HeldClaims>>,
     ticks: u64,
 }
 
 impl Queuer {
     pub fn new(store: Store, me: InstanceInfo, config: QueuerConfig) -> Self {
-        let (held_tx, _) = watch::channel(HeldClaims::none());
+        let held_tx = Arc::new(watch::Sender::new(HeldClaims::none()));
         Self {
             store,
             me,
@@ -211,61 +213,13 @@ impl Queuer {
         Ok(())
     }
 
-    /// Batches this instance may submit now, at most `limit`, of services it holds at the
-    /// epoch of its last tick and while its self-fencing term lasts.
-    pub async fn select_submittable(
-        &self,
-        limit: usize,
-    ) -> Result<Vec<SubmittableBatch>, StoreError> {
-        let held = self.current();
-        if held.is_empty() || Instant::now() >= held.valid_until {
-            return Ok(Vec::new());
-        }
-        let mut batches = self
-            .store
-            .select_submittable(&self.me.instance_id, limit)
-            .await?;
-        let now = Instant::now();
-        batches.retain(|batch| held.may_submit(&batch.service_id, batch.epoch, now));
-        Ok(batches)
-    }
-
-    /// Marks batches SUBMITTING under their claims. Claims that fail the fence are
-    /// dropped from the held view at once, so nothing more is started for them.
-    pub async fn mark_submitting(
-        &self,
-        batches: &[(HeldClaim, Vec<i64>)],
-    ) -> Result<FencedOutcome, StoreError> {
-        let outcome = self
-            .store
-            .mark_submitting(&self.me.instance_id, batches)
-            .await?;
-        self.forget_lost(&outcome.lost);
-        Ok(outcome)
-    }
-
-    /// Stops all work on claims a fenced write found lost.
-    pub fn forget_lost(&self, lost: &[HeldClaim]) {
-        if lost.is_empty() {
-            return;
-        }
-        metrics::counter!(m::FENCED_WRITES_REJECTED).increment(lost.len() as u64);
-        metrics::counter!(m::CLAIMS_LOST).increment(lost.len() as u64);
-        self.held_tx.send_modify(|held| {
-            for claim in lost {
-                if held.epochs.get(&claim.service_id) == Some(&claim.epoch) {
-                    held.epochs.remove(&claim.service_id);
-                }
-            }
-        });
-        for claim in lost {
-            tracing::warn!(
-                service.id = %claim.service_id,
-                epoch = claim.epoch,
-                "fenced write refused for {}: claim at epoch {} no longer ours",
-                claim.service_id,
-                claim.epoch
-            );
+    /// A cloneable handle for the submission path: the held claims and the fenced
+    /// writes made under them.
+    pub fn handle(&self) -> ClaimsHandle {
+        ClaimsHandle {
+            store: self.store.clone(),
+            instance_id: self.me.instance_id.clone(),
+            held_tx: self.held_tx.clone(),
         }
     }
 
@@ -325,4 +279,108 @@ impl Queuer {
 fn jittered(interval: Duration) -> Duration {
     let factor = rand::rng().random_range(0.9..1.1);
     interval.mul_f64(factor)
+}
+
+/// What the submission path needs from the queuer: the held claims (with the self-fencing
+/// deadline) and the fenced reads and writes made under them. Cheap to clone.
+#[derive(Clone)]
+pub struct ClaimsHandle {
+    store: Store,
+    instance_id: String,
+    held_tx: Arc<watch::Sender<HeldClaims>>,
+}
+
+impl ClaimsHandle {
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// The claims held as of the last successful tick; changes wake `changed()`.
+    pub fn held_claims(&self) -> watch::Receiver<HeldClaims> {
+        self.held_tx.subscribe()
+    }
+
+    /// May a submission for this claim start now (held at this epoch, inside the term)?
+    pub fn may_submit(&self, claim: &HeldClaim) -> bool {
+        self.held_tx
+            .borrow()
+            .may_submit(&claim.service_id, claim.epoch, Instant::now())
+    }
+
+    /// Batches this instance may submit now, at most `limit`, of services it holds at the
+    /// epoch of its last tick and while its self-fencing term lasts.
+    pub async fn select_submittable(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<SubmittableBatch>, StoreError> {
+        let held = self.held_tx.borrow().clone();
+        if held.is_empty() || Instant::now() >= held.valid_until {
+            return Ok(Vec::new());
+        }
+        let mut batches = self
+            .store
+            .select_submittable(&self.instance_id, limit)
+            .await?;
+        let now = Instant::now();
+        batches.retain(|batch| held.may_submit(&batch.service_id, batch.epoch, now));
+        Ok(batches)
+    }
+
+    /// Marks batches SUBMITTING under their claims. Claims that fail the fence are
+    /// dropped from the held view at once, so nothing more is started for them.
+    pub async fn mark_submitting(
+        &self,
+        batches: &[(HeldClaim, Vec<i64>)],
+    ) -> Result<FencedOutcome, StoreError> {
+        let outcome = self
+            .store
+            .mark_submitting(&self.instance_id, batches)
+            .await?;
+        self.forget_lost(&outcome.lost);
+        Ok(outcome)
+    }
+
+    /// Applies status transitions under their claims (see `Store::apply_transitions`);
+    /// claims that fail the fence are dropped from the held view at once.
+    pub async fn apply_transitions(
+        &self,
+        transitions: &[(HeldClaim, Vec<Transition>)],
+    ) -> Result<FencedOutcome, StoreError> {
+        let outcome = self
+            .store
+            .apply_transitions(&self.instance_id, transitions)
+            .await?;
+        self.forget_lost(&outcome.lost);
+        Ok(outcome)
+    }
+
+    /// Batches of held services waiting for the ledger's verdict, oldest first.
+    pub async fn pollable_batches(&self, limit: usize) -> Result<Vec<PollableBatch>, StoreError> {
+        self.store.pollable_batches(&self.instance_id, limit).await
+    }
+
+    /// Stops all work on claims a fenced write found lost.
+    pub fn forget_lost(&self, lost: &[HeldClaim]) {
+        if lost.is_empty() {
+            return;
+        }
+        metrics::counter!(m::FENCED_WRITES_REJECTED).increment(lost.len() as u64);
+        metrics::counter!(m::CLAIMS_LOST).increment(lost.len() as u64);
+        self.held_tx.send_modify(|held| {
+            for claim in lost {
+                if held.epochs.get(&claim.service_id) == Some(&claim.epoch) {
+                    held.epochs.remove(&claim.service_id);
+                }
+            }
+        });
+        for claim in lost {
+            tracing::warn!(
+                service.id = %claim.service_id,
+                epoch = claim.epoch,
+                "fenced write refused for {}: claim at epoch {} no longer ours",
+                claim.service_id,
+                claim.epoch
+            );
+        }
+    }
 }

@@ -63,6 +63,7 @@ async fn claim_table(store: &Store) -> BTreeMap<String, (Option<String>, i64)> {
 async fn start_submission(holder: &Queuer, service: &str) {
     let epoch = holder.current().epochs[service];
     let seqs: Vec<i64> = holder
+        .handle()
         .select_submittable(10_000)
         .await
         .unwrap()
@@ -76,6 +77,7 @@ async fn start_submission(holder: &Queuer, service: &str) {
         epoch,
     };
     let outcome = holder
+        .handle()
         .mark_submitting(&[(claim, seqs.clone())])
         .await
         .unwrap();
@@ -197,7 +199,7 @@ async fn stale_epoch_write_is_refused(backend: TestBackend) {
         service_id: "svc-00000".into(),
         epoch: 1,
     };
-    let seq = a.select_submittable(10).await.unwrap()[0].seq;
+    let seq = a.handle().select_submittable(10).await.unwrap()[0].seq;
 
     database.options.clock_offset.advance(SLOW + FAST);
     let mut b = queuer(&store, "b");
@@ -406,7 +408,7 @@ async fn selection_follows_order_and_limits(backend: TestBackend) {
     store.enqueue("other", &[batch(4)]).await.unwrap();
     let mut a = queuer(&store, "a");
     a.tick().await.unwrap();
-    let selected = a.select_submittable(100).await.unwrap();
+    let selected = a.handle().select_submittable(100).await.unwrap();
     let ids: Vec<(&str, String)> = selected
         .iter()
         .map(|b| (b.service_id.as_str(), b.batch_id.clone()))
@@ -416,7 +418,7 @@ async fn selection_follows_order_and_limits(backend: TestBackend) {
         vec![("one", batch(1).batch_id), ("other", batch(4).batch_id)]
     );
     assert_eq!(
-        a.select_submittable(1).await.unwrap().len(),
+        a.handle().select_submittable(1).await.unwrap().len(),
         1,
         "instance limit"
     );
@@ -424,6 +426,7 @@ async fn selection_follows_order_and_limits(backend: TestBackend) {
     // With the first batch of "one" in flight, nothing more of "one" is submittable.
     start_submission(&a, "one").await;
     let selected: Vec<String> = a
+        .handle()
         .select_submittable(100)
         .await
         .unwrap()
@@ -434,7 +437,7 @@ async fn selection_follows_order_and_limits(backend: TestBackend) {
 
     // Another instance holds nothing and selects nothing.
     let b = queuer(&store, "b");
-    assert!(b.select_submittable(100).await.unwrap().is_empty());
+    assert!(b.handle().select_submittable(100).await.unwrap().is_empty());
 }
 
 /// A steady tick sends the same number of statements with 10 services as with 500: the
