@@ -127,6 +127,54 @@ const KEYS: &[Key] = &[
         doc: "Timeout of one request to the ledger; must fit inside the slow window (slow_expiry - fast_expiry)",
     },
     Key {
+        name: "instance_max_in_flight",
+        default: "256",
+        kind: Kind::Integer,
+        doc: "Most batches this instance has between mark SUBMITTING and the ledger's answer",
+    },
+    Key {
+        name: "submit_poll_interval",
+        default: "100ms",
+        kind: Kind::Duration,
+        doc: "Look for submittable batches this often when no event wakes the submitter (batches accepted by another process on SQLite)",
+    },
+    Key {
+        name: "status_poll_interval",
+        default: "500ms",
+        kind: Kind::Duration,
+        doc: "Look for batches waiting for the ledger's verdict this often when nothing new was submitted",
+    },
+    Key {
+        name: "status_wait",
+        default: "5s",
+        kind: Kind::Duration,
+        doc: "The `wait` of a batch-status request: the ledger answers as soon as every asked batch is final, or after this",
+    },
+    Key {
+        name: "unknown_grace",
+        default: "30s",
+        kind: Kind::Duration,
+        doc: "A batch the ledger calls Unknown for this long without interruption is resubmitted",
+    },
+    Key {
+        name: "retry_backoff_base",
+        default: "200ms",
+        kind: Kind::Duration,
+        doc: "First retry delay after back-pressure or a refused connection (doubles per attempt, with jitter)",
+    },
+    Key {
+        name: "retry_backoff_max",
+        default: "30s",
+        kind: Kind::Duration,
+        doc: "Longest retry delay",
+    },
+    Key {
+        name: "shutdown_timeout",
+        default: "10s",
+        kind: Kind::Duration,
+        doc: "On SIGTERM, wait this long for in-flight POSTs before releasing claims and exiting",
+    },
+    Key {
         name: "listen",
         default: "127.0.0.1:8080",
         kind: Kind::Text,
@@ -315,6 +363,14 @@ pub struct Config {
     pub dlt_url: url::Url,
     pub dlt_dialect: DltDialect,
     pub dlt_request_timeout: Duration,
+    pub instance_max_in_flight: u32,
+    pub submit_poll_interval: Duration,
+    pub status_poll_interval: Duration,
+    pub status_wait: Duration,
+    pub unknown_grace: Duration,
+    pub retry_backoff_base: Duration,
+    pub retry_backoff_max: Duration,
+    pub shutdown_timeout: Duration,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     /// Each key's value as text and where it came from, for `dltsub config`.
@@ -392,6 +448,14 @@ impl Config {
             dlt_url: get("dlt_url").http_url()?,
             dlt_dialect: get("dlt_dialect").parse()?,
             dlt_request_timeout: get("dlt_request_timeout").duration()?,
+            instance_max_in_flight: get("instance_max_in_flight").positive_integer()?,
+            submit_poll_interval: get("submit_poll_interval").duration()?,
+            status_poll_interval: get("status_poll_interval").duration()?,
+            status_wait: get("status_wait").duration()?,
+            unknown_grace: get("unknown_grace").duration()?,
+            retry_backoff_base: get("retry_backoff_base").duration()?,
+            retry_backoff_max: get("retry_backoff_max").duration()?,
+            shutdown_timeout: get("shutdown_timeout").duration()?,
             listen: get("listen").parse()?,
             metrics_listen: get("metrics_listen").parse()?,
             sources: values
@@ -431,6 +495,15 @@ impl Config {
                     "dlt_request_timeout ({}) must fit inside the slow window, slow_expiry - fast_expiry ({}): a POST started just before the fast expiry must end before the slow one",
                     show(self.dlt_request_timeout),
                     show(slow_window)
+                ),
+            });
+        }
+        if self.retry_backoff_base > self.retry_backoff_max {
+            return Err(ConfigError::Inconsistent {
+                problem: format!(
+                    "retry_backoff_base ({}) must not exceed retry_backoff_max ({})",
+                    show(self.retry_backoff_base),
+                    show(self.retry_backoff_max)
                 ),
             });
         }

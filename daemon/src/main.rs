@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use dltsub::config::{Config, ConfigArgs, ConfigError};
 use dltsub::{bench, migrate};
+use tokio_util::sync::CancellationToken;
 
 /// A high-availability batch submitter for a distributed ledger.
 #[derive(Debug, Parser)]
@@ -19,6 +20,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run one instance: claim services, submit their batches, record the outcomes. SIGTERM
+    /// or SIGINT hands everything over gracefully.
+    Run {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
     /// Apply the database schema (idempotent; safe while other instances start).
     Migrate {
         #[command(flatten)]
@@ -85,6 +92,12 @@ impl From<anyhow::Error> for Failure {
 
 async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
+        Command::Run { config } => {
+            let config = Config::load(&config)?;
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            dltsub::run::run(&config, shutdown).await?;
+        }
         Command::Migrate { config } => {
             let config = Config::load(&config)?;
             migrate::run(&config).await?;
@@ -107,4 +120,21 @@ fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT.
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        _ = interrupt.recv() => tracing::info!("SIGINT received"),
+    }
+    shutdown.cancel();
 }

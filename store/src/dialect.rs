@@ -128,11 +128,11 @@ impl Dialect for PgConn {
         // through the partial index: the cost follows the number of held services, not
         // the size of the backlog.
         let sql = format!(
-            "SELECT w.seq, c.service_id, b.batch_id, c.epoch, b.serialized_batch \
+            "SELECT w.seq, c.service_id, b.batch_id, c.epoch, b.serialized_batch, w.attempts \
                FROM service_id_claims c \
                JOIN services s ON s.service_id = c.service_id \
               CROSS JOIN LATERAL ( \
-                    SELECT x.seq, x.status, x.next_attempt_at_us FROM batch_statuses x \
+                    SELECT x.seq, x.status, x.next_attempt_at_us, x.attempts FROM batch_statuses x \
                      WHERE x.service_id = c.service_id AND x.status IN {ACTIVE_STATUSES} \
                      ORDER BY x.seq LIMIT s.max_in_flight) w \
                JOIN batches b ON b.seq = w.seq \
@@ -239,7 +239,7 @@ impl Dialect for SqliteConn {
         // few unfinished batches (as many as the largest max_in_flight), then keep those
         // with fewer than max_in_flight unfinished batches before them.
         let sql = format!(
-            "SELECT bs.seq, c.service_id, b.batch_id, c.epoch, b.serialized_batch \
+            "SELECT bs.seq, c.service_id, b.batch_id, c.epoch, b.serialized_batch, bs.attempts \
                FROM service_id_claims c \
                JOIN services s ON s.service_id = c.service_id \
                JOIN batch_statuses bs ON bs.seq IN ( \

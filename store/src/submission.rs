@@ -33,6 +33,9 @@ pub struct SubmittableBatch {
     pub epoch: i64,
     #[diesel(sql_type = Binary)]
     pub serialized_batch: Vec<u8>,
+    /// Submissions started so far (before this one).
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    pub attempts: i32,
 }
 
 /// The result of a fenced write over several claims.

@@ -71,6 +71,8 @@ pub struct PollableBatch {
     pub status: String,
     pub unknown_since_us: Option<i64>,
     pub submit_epoch: Option<i64>,
+    /// The database clock when this was read (for the Unknown grace period).
+    pub read_at_us: i64,
 }
 
 #[derive(QueryableByName)]
@@ -216,6 +218,7 @@ impl Store {
     ) -> Result<Vec<PollableBatch>, StoreError> {
         use crate::schema::{batch_statuses, batches, service_id_claims};
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let now = self.now();
         with_conn!(self, |conn| {
             Ok(batch_statuses::table
                 .inner_join(batches::table)
@@ -238,6 +241,7 @@ impl Store {
                     batch_statuses::status,
                     batch_statuses::unknown_since_us,
                     batch_statuses::submit_epoch,
+                    now,
                 ))
                 .load(conn)
                 .await?)

@@ -1,1 +1,8 @@
 #![doc = include_str!("../README.md")]
+
+pub mod client;
+pub mod metrics;
+mod submitter;
+
+pub use client::{ClientError, Dialect, DltClient, LedgerState, LedgerStatus, PostOutcome};
+pub use submitter::{Submission, Submitter, SubmitterConfig, Wakeup};

@@ -1,0 +1,115 @@
+//! `dltsub run`: one instance — the queuer, the submitter and the observer, wired together
+//! — until a shutdown signal, then a graceful hand-over.
+
+use anyhow::Context;
+use dltsub_observer::{Backoff, Observer, ObserverConfig};
+use dltsub_queuer::{Queuer, QueuerConfig, this_instance};
+use dltsub_store::Store;
+use dltsub_submitter::{Dialect, DltClient, Submitter, SubmitterConfig, Wakeup};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, DltDialect};
+
+/// Outcomes waiting for the observer; the submitter waits when it is full, which bounds
+/// memory while the database is slow.
+const RESULTS_CHANNEL: usize = 4_096;
+
+/// Starts an instance and runs it until `shutdown` is cancelled; then stops submitting,
+/// lets in-flight POSTs finish (up to `shutdown_timeout`), records their outcomes, releases
+/// the claims and returns.
+pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let options = config.store_options();
+    if config.migrate_on_start {
+        dltsub_store::run_migrations(&options)
+            .await
+            .with_context(|| format!("migrating {}", options.url))?;
+    }
+    let store = Store::connect(&options)
+        .await
+        .with_context(|| format!("connecting to {}", options.url))?;
+    let capacity = i32::try_from(config.instance_capacity).unwrap_or(i32::MAX);
+    let me = this_instance(capacity);
+    tracing::info!(
+        instance.id = %me.instance_id,
+        database = %options.url,
+        dlt = %config.dlt_url,
+        "dltsub instance {} starting",
+        me.instance_id
+    );
+    describe_metrics();
+
+    let mut queuer_config = QueuerConfig::from_timings(
+        config.fast_expiry,
+        config.slow_expiry,
+        config.renew_interval,
+    );
+    queuer_config.timing.instance_stale_after = config.renew_interval * 3;
+    let queuer = Queuer::new(store.clone(), me, queuer_config);
+    let claims = queuer.handle();
+    let dialect = match config.dlt_dialect {
+        DltDialect::Scabbard => Dialect::Scabbard,
+        DltDialect::Sawtooth => Dialect::Sawtooth,
+    };
+    let client = DltClient::new(config.dlt_url.clone(), dialect, config.dlt_request_timeout)
+        .context("building the ledger client")?;
+    let wakeup = Wakeup::default();
+    let (results_tx, results_rx) = mpsc::channel(RESULTS_CHANNEL);
+    let submitter = Submitter::new(
+        claims.clone(),
+        client.clone(),
+        SubmitterConfig {
+            max_in_flight: config.instance_max_in_flight as usize,
+            idle_poll: config.submit_poll_interval,
+            drain_timeout: config.shutdown_timeout,
+        },
+        wakeup.clone(),
+        results_tx,
+    );
+    let observer = Observer::new(
+        claims,
+        client,
+        ObserverConfig {
+            poll_interval: config.status_poll_interval,
+            status_wait: config.status_wait,
+            unknown_grace: config.unknown_grace,
+            backoff: Backoff {
+                base: config.retry_backoff_base,
+                max: config.retry_backoff_max,
+            },
+            ids_per_request: 100,
+            concurrent_polls: 64,
+            record_batch: 1_000,
+        },
+        wakeup.clone(),
+    );
+
+    // Shutdown runs in order: stop starting POSTs and drain them, record their outcomes,
+    // stop polling, then release the claims (the queuer's own shutdown).
+    let submit_stop = CancellationToken::new();
+    let poll_stop = CancellationToken::new();
+    let queuer_stop = CancellationToken::new();
+    let queuer_task = tokio::spawn(queuer.run(queuer_stop.clone()));
+    let submitter_task = tokio::spawn(submitter.run(submit_stop.clone()));
+    let observer_task = tokio::spawn(observer.run(results_rx, poll_stop.clone()));
+    drop((store, wakeup));
+
+    shutdown.cancelled().await;
+    tracing::info!("shutting down: draining in-flight submissions");
+    submit_stop.cancel();
+    let _ = submitter_task.await;
+    // The submitter has dropped its sender: the observer records what is left, and its
+    // recording loop ends; polling stops now.
+    poll_stop.cancel();
+    let _ = observer_task.await;
+    queuer_stop.cancel();
+    let _ = queuer_task.await;
+    tracing::info!("shutdown complete");
+    Ok(())
+}
+
+fn describe_metrics() {
+    dltsub_queuer::metrics::describe();
+    dltsub_submitter::metrics::describe();
+    dltsub_observer::metrics::describe();
+}

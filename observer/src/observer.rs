@@ -1,0 +1,278 @@
+//! The observer's two loops: recording POST outcomes (in sets), and asking the ledger about
+//! batches that wait for its verdict (one long-poll per service, several services at once).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use dltsub_queuer::ClaimsHandle;
+use dltsub_store::{BatchStatus, HeldClaim, PollableBatch, Transition};
+use dltsub_submitter::{DltClient, LedgerStatus, Submission, Wakeup};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::decide::{Backoff, after_post, after_status};
+use crate::metrics as m;
+
+#[derive(Debug, Clone)]
+pub struct ObserverConfig {
+    /// Poll for waiting batches this often even when nothing new was accepted.
+    pub poll_interval: Duration,
+    /// The `wait` of a status request: the ledger answers as soon as every asked id is
+    /// final, or after this long.
+    pub status_wait: Duration,
+    /// Unknown must last this long before a batch is resubmitted.
+    pub unknown_grace: Duration,
+    pub backoff: Backoff,
+    /// Most batches asked about in one status request.
+    pub ids_per_request: usize,
+    /// Most status requests in flight at once (one per service).
+    pub concurrent_polls: usize,
+    /// Most POST outcomes recorded in one transaction.
+    pub record_batch: usize,
+}
+
+pub struct Observer {
+    claims: ClaimsHandle,
+    client: DltClient,
+    config: ObserverConfig,
+    submitter_wakeup: Wakeup,
+}
+
+impl Observer {
+    pub fn new(
+        claims: ClaimsHandle,
+        client: DltClient,
+        config: ObserverConfig,
+        submitter_wakeup: Wakeup,
+    ) -> Self {
+        Self {
+            claims,
+            client,
+            config,
+            submitter_wakeup,
+        }
+    }
+
+    /// Runs both loops. Recording stops when the submitter has dropped its sender (after
+    /// its own drain), so every outcome of a POST that was sent is written; polling stops
+    /// at `shutdown`.
+    pub async fn run(self, results: mpsc::Receiver<Submission>, shutdown: CancellationToken) {
+        let poll_wakeup = std::sync::Arc::new(Notify::new());
+        let recorder = Recorder {
+            claims: self.claims.clone(),
+            config: self.config.clone(),
+            submitter_wakeup: self.submitter_wakeup.clone(),
+            poll_wakeup: poll_wakeup.clone(),
+        };
+        let poller = Poller {
+            claims: self.claims,
+            client: self.client,
+            config: self.config,
+            submitter_wakeup: self.submitter_wakeup,
+            poll_wakeup,
+        };
+        tokio::join!(recorder.run(results), poller.run(shutdown));
+    }
+}
+
+struct Recorder {
+    claims: ClaimsHandle,
+    config: ObserverConfig,
+    submitter_wakeup: Wakeup,
+    poll_wakeup: std::sync::Arc<Notify>,
+}
+
+impl Recorder {
+    async fn run(self, mut results: mpsc::Receiver<Submission>) {
+        let mut buffer = Vec::with_capacity(self.config.record_batch);
+        while results
+            .recv_many(&mut buffer, self.config.record_batch)
+            .await
+            > 0
+        {
+            let submissions: Vec<Submission> = std::mem::take(&mut buffer);
+            let mut grouped: BTreeMap<HeldClaim, Vec<Transition>> = BTreeMap::new();
+            for submission in &submissions {
+                for (seq, _, attempts) in &submission.batches {
+                    grouped
+                        .entry(submission.claim.clone())
+                        .or_default()
+                        .push(after_post(
+                            *seq,
+                            *attempts,
+                            &submission.outcome,
+                            self.config.backoff,
+                        ));
+                }
+            }
+            let work: Vec<(HeldClaim, Vec<Transition>)> = grouped.into_iter().collect();
+            // A database error here must not lose the outcome: retry with backoff. The
+            // batches stay SUBMITTING meanwhile, which also blocks a fast takeover.
+            let mut delay = Duration::from_millis(50);
+            loop {
+                match self.claims.apply_transitions(&work).await {
+                    Ok(outcome) => {
+                        count_transitions(&work, &outcome.applied);
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "recording POST outcomes failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+            if work
+                .iter()
+                .flat_map(|(_, t)| t)
+                .any(|t| t.to.is_terminal() || t.to == BatchStatus::Queued)
+            {
+                self.submitter_wakeup.wake();
+            }
+            self.poll_wakeup.notify_one();
+        }
+    }
+}
+
+fn count_transitions(work: &[(HeldClaim, Vec<Transition>)], applied: &[i64]) {
+    let applied: HashSet<i64> = applied.iter().copied().collect();
+    for transition in work.iter().flat_map(|(_, t)| t) {
+        if applied.contains(&transition.seq) && transition.from != transition.to {
+            metrics::counter!(m::TRANSITIONS, "status" => transition.to.as_str()).increment(1);
+        }
+    }
+}
+
+struct Poller {
+    claims: ClaimsHandle,
+    client: DltClient,
+    config: ObserverConfig,
+    submitter_wakeup: Wakeup,
+    poll_wakeup: std::sync::Arc<Notify>,
+}
+
+/// One finished status request: the batches asked about and the ledger's answer.
+type PollResult = (
+    String,
+    Vec<PollableBatch>,
+    Result<Vec<LedgerStatus>, String>,
+);
+
+impl Poller {
+    async fn run(self, shutdown: CancellationToken) {
+        let mut in_flight: JoinSet<PollResult> = JoinSet::new();
+        let mut polling: HashSet<String> = HashSet::new();
+        loop {
+            if let Err(error) = self.start_polls(&mut in_flight, &mut polling).await {
+                tracing::warn!(%error, "reading batches to poll failed");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(done) = in_flight.join_next() => {
+                    if let Ok((service_id, batches, answer)) = done {
+                        polling.remove(&service_id);
+                        self.record(&batches, answer).await;
+                    }
+                }
+                _ = self.poll_wakeup.notified() => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+        in_flight.abort_all();
+    }
+
+    /// Starts a status request for every service with waiting batches that has none in
+    /// flight, up to the concurrency limit.
+    async fn start_polls(
+        &self,
+        in_flight: &mut JoinSet<PollResult>,
+        polling: &mut HashSet<String>,
+    ) -> Result<(), dltsub_store::StoreError> {
+        if in_flight.len() >= self.config.concurrent_polls {
+            return Ok(());
+        }
+        let limit = self.config.ids_per_request * self.config.concurrent_polls;
+        let batches = self.claims.pollable_batches(limit).await?;
+        let mut by_service: BTreeMap<String, Vec<PollableBatch>> = BTreeMap::new();
+        for batch in batches {
+            if !polling.contains(&batch.service_id) {
+                let entry = by_service.entry(batch.service_id.clone()).or_default();
+                if entry.len() < self.config.ids_per_request {
+                    entry.push(batch);
+                }
+            }
+        }
+        for (service_id, batches) in by_service {
+            if in_flight.len() >= self.config.concurrent_polls {
+                break;
+            }
+            polling.insert(service_id.clone());
+            let client = self.client.clone();
+            let wait = self.config.status_wait;
+            in_flight.spawn(async move {
+                let ids: Vec<String> = batches.iter().map(|b| b.batch_id.clone()).collect();
+                metrics::counter!(m::POLLS).increment(1);
+                let answer = client
+                    .batch_statuses(&service_id, &ids, Some(wait))
+                    .await
+                    .map_err(|error| error.to_string());
+                (service_id, batches, answer)
+            });
+        }
+        Ok(())
+    }
+
+    async fn record(&self, batches: &[PollableBatch], answer: Result<Vec<LedgerStatus>, String>) {
+        let statuses = match answer {
+            Ok(statuses) => statuses,
+            Err(error) => {
+                metrics::counter!(m::POLL_ERRORS).increment(1);
+                tracing::warn!(%error, "batch status request failed");
+                // Don't spin against a failing ledger: the next attempt comes with the
+                // poll interval.
+                tokio::time::sleep(self.config.poll_interval).await;
+                return;
+            }
+        };
+        let by_id: HashMap<&str, &LedgerStatus> =
+            statuses.iter().map(|s| (s.batch_id.as_str(), s)).collect();
+        let mut grouped: BTreeMap<HeldClaim, Vec<Transition>> = BTreeMap::new();
+        let epochs = self.claims.held_claims().borrow().epochs.clone();
+        for batch in batches {
+            let (Some(status), Some(epoch)) = (
+                by_id.get(batch.batch_id.as_str()),
+                epochs.get(&batch.service_id),
+            ) else {
+                continue;
+            };
+            if let Some(transition) = after_status(batch, status, self.config.unknown_grace) {
+                grouped
+                    .entry(HeldClaim {
+                        service_id: batch.service_id.clone(),
+                        epoch: *epoch,
+                    })
+                    .or_default()
+                    .push(transition);
+            }
+        }
+        if grouped.is_empty() {
+            return;
+        }
+        let work: Vec<(HeldClaim, Vec<Transition>)> = grouped.into_iter().collect();
+        match self.claims.apply_transitions(&work).await {
+            Ok(outcome) => {
+                count_transitions(&work, &outcome.applied);
+                let frees_a_batch = work
+                    .iter()
+                    .flat_map(|(_, t)| t)
+                    .any(|t| t.to.is_terminal() || t.to == BatchStatus::Queued);
+                if frees_a_batch {
+                    self.submitter_wakeup.wake();
+                }
+            }
+            // Nothing is lost: the batches are polled again.
+            Err(error) => tracing::warn!(%error, "recording ledger statuses failed"),
+        }
+    }
+}
