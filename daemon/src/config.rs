@@ -262,6 +262,23 @@ pub struct ConfigArgs {
     flags: BTreeMap<&'static str, String>,
 }
 
+impl ConfigArgs {
+    /// Configuration flags given as `(key, value)` pairs, as if on the command line. For
+    /// tests and embedders; an unknown key is an error.
+    pub fn from_pairs(pairs: &[(&str, String)]) -> Result<Self, ConfigError> {
+        let mut args = ConfigArgs::default();
+        for (name, value) in pairs {
+            let key = KEYS.iter().find(|key| key.name == *name).ok_or_else(|| {
+                ConfigError::Inconsistent {
+                    problem: format!("unknown configuration key `{name}`; known keys: {}", known_keys()),
+                }
+            })?;
+            args.flags.insert(key.name, value.clone());
+        }
+        Ok(args)
+    }
+}
+
 impl Args for ConfigArgs {
     fn augment_args(command: Command) -> Command {
         let command = command.arg(

@@ -1,0 +1,216 @@
+//! The submission pipeline end to end: dltsub instances, a real database (both backends),
+//! the simulated ledger. Each test says what it proves.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use dltsub_devnet::FaultsPatch;
+use dltsub_store::backend_tests;
+use dltsub_store::testing::TestBackend;
+use dltsub_tests::{Cluster, wait_for};
+
+/// How often devnet saw each batch id in a POST.
+fn posts_per_batch(cluster: &Cluster) -> HashMap<String, usize> {
+    let log = cluster.devnet.control().posts();
+    assert_eq!(log.evicted, 0, "the POST log kept every POST");
+    let mut counts = HashMap::new();
+    for post in log.entries {
+        for id in post.batch_ids {
+            *counts.entry(id).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// Two instances, 1,000 batches over 50 services: all COMMITTED, each service's ledger
+/// order equals its acceptance order, exactly one POST per batch, and both instances
+/// submitted (the work was shared, so the order held across claims).
+async fn two_instances_commit_everything_in_order_once(backend: TestBackend) {
+    let mut cluster = Cluster::scabbard(backend).await;
+    cluster.devnet.control().update_faults(&FaultsPatch {
+        commit_latency: Some("5ms".parse().unwrap()),
+        ..FaultsPatch::default()
+    }).unwrap();
+    let mut accepted: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for service in 0..50u64 {
+        let id = format!("circuit::svc{service:02}");
+        let ids = cluster.enqueue(&id, service * 1_000, 20, &[]).await;
+        accepted.insert(id, ids);
+    }
+    cluster.set("instance_max_in_flight", "64");
+    let mut a = cluster.start_instance();
+    let mut b = cluster.start_instance();
+    cluster.wait_until_final(Duration::from_secs(120)).await;
+    assert_eq!(cluster.count_status("COMMITTED").await, 1_000);
+
+    for (service, ids) in &accepted {
+        assert_eq!(&cluster.devnet.control().committed(service), ids, "ledger order of {service}");
+    }
+    let posts = posts_per_batch(&cluster);
+    assert_eq!(posts.len(), 1_000);
+    assert!(posts.values().all(|n| *n == 1), "a batch was POSTed twice");
+    let instances: HashSet<String> = cluster
+        .devnet
+        .control()
+        .posts()
+        .entries
+        .into_iter()
+        .filter_map(|post| post.instance)
+        .collect();
+    assert_eq!(instances.len(), 2, "both instances submitted: {instances:?}");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// An invalid batch ends INVALID with the ledger's message; the batches after it in the
+/// same service still commit, in order.
+async fn invalid_batch_is_recorded_and_the_service_goes_on(backend: TestBackend) {
+    let cluster = Cluster::scabbard(backend).await;
+    let ids = cluster.enqueue("circuit::svc", 0, 5, &[2]).await;
+    let mut a = cluster.start_instance();
+    cluster.wait_until_final(Duration::from_secs(60)).await;
+    assert_eq!(cluster.count_status("INVALID").await, 1);
+    assert_eq!(cluster.count_status("COMMITTED").await, 4);
+    let with_message = cluster
+        .store
+        .scalar_i64_for_tests(&format!(
+            "(SELECT COUNT(*) FROM batch_statuses s JOIN batches b ON b.seq = s.seq \
+              WHERE b.batch_id = '{}' AND s.status = 'INVALID' AND s.dlt_message LIKE '%invalid%')",
+            ids[2]
+        ))
+        .await;
+    assert_eq!(with_message, 1, "the ledger's message is stored");
+    let expected: Vec<String> = ids.iter().enumerate().filter(|(n, _)| *n != 2).map(|(_, id)| id.clone()).collect();
+    assert_eq!(cluster.devnet.control().committed("circuit::svc"), expected);
+    a.stop().await;
+}
+
+/// A storm of 503s before acceptance slows submission but loses nothing, and every batch
+/// still reaches the ledger exactly once.
+async fn back_pressure_storm_loses_nothing(backend: TestBackend) {
+    let cluster = Cluster::scabbard(backend).await;
+    cluster.devnet.control().update_faults(&FaultsPatch {
+        error_503_before: Some(0.6),
+        commit_latency: Some("5ms".parse().unwrap()),
+        ..FaultsPatch::default()
+    }).unwrap();
+    for service in 0..10u64 {
+        cluster.enqueue(&format!("circuit::s{service}"), service * 100, 10, &[]).await;
+    }
+    let mut a = cluster.start_instance();
+    cluster.wait_until_final(Duration::from_secs(120)).await;
+    assert_eq!(cluster.count_status("COMMITTED").await, 100);
+    let log = cluster.devnet.control().posts();
+    let refused = log.entries.iter().filter(|p| p.status == Some(503)).count();
+    assert!(refused > 10, "the storm happened: {refused} refused POSTs");
+    let stats = cluster.devnet.control().stats();
+    let duplicates: u64 = stats.ledgers.values().map(|l| l.duplicates).sum();
+    assert_eq!(duplicates, 0);
+    a.stop().await;
+}
+
+/// The ledger commits and then drops the connection without answering: the batch goes
+/// IN_DOUBT, the ledger is asked, and it ends COMMITTED with no second POST.
+async fn lost_response_is_resolved_without_resubmitting(backend: TestBackend) {
+    let cluster = Cluster::scabbard(backend).await;
+    cluster.devnet.control().update_faults(&FaultsPatch {
+        drop_after_commit: Some(1.0),
+        commit_latency: Some("5ms".parse().unwrap()),
+        ..FaultsPatch::default()
+    }).unwrap();
+    let ids = cluster.enqueue("circuit::svc", 0, 3, &[]).await;
+    let mut a = cluster.start_instance();
+    cluster.wait_until_final(Duration::from_secs(60)).await;
+    assert_eq!(cluster.count_status("COMMITTED").await, 3);
+    let posts = posts_per_batch(&cluster);
+    for id in &ids {
+        assert_eq!(posts.get(id), Some(&1), "exactly one POST of {id}");
+    }
+    let went_in_doubt = cluster
+        .store
+        .scalar_i64_for_tests("(SELECT COUNT(DISTINCT seq) FROM batch_events WHERE new_status = 'IN_DOUBT')")
+        .await;
+    assert_eq!(went_in_doubt, 3, "every batch went through IN_DOUBT");
+    a.stop().await;
+}
+
+/// The ledger restarts and forgets its pending batches: they read Unknown, are
+/// resubmitted after the grace period, and are on the ledger exactly once.
+async fn forgotten_batches_are_resubmitted_after_the_grace(backend: TestBackend) {
+    let mut cluster = Cluster::scabbard(backend).await;
+    cluster.devnet.control().update_faults(&FaultsPatch {
+        commit_latency: Some("3s".parse().unwrap()),
+        ..FaultsPatch::default()
+    }).unwrap();
+    cluster.set("instance_max_in_flight", "16");
+    for service in 0..4u64 {
+        cluster.enqueue(&format!("circuit::s{service}"), service * 100, 2, &[]).await;
+    }
+    let mut a = cluster.start_instance();
+    // Wait until the first batch of every service is on the ledger's pending list.
+    wait_for(Duration::from_secs(30), || async { cluster.count_status("PENDING").await == 4 })
+        .await
+        .expect("four batches pending");
+    let forgotten = cluster.devnet.control().restart();
+    assert_eq!(forgotten, 4, "the restart forgot the pending batches");
+    cluster.devnet.control().update_faults(&FaultsPatch {
+        commit_latency: Some("5ms".parse().unwrap()),
+        ..FaultsPatch::default()
+    }).unwrap();
+    cluster.wait_until_final(Duration::from_secs(60)).await;
+    assert_eq!(cluster.count_status("COMMITTED").await, 8);
+    let mut on_ledger = 0;
+    for service in 0..4u64 {
+        let committed = cluster.devnet.control().committed(&format!("circuit::s{service}"));
+        let unique: HashSet<&String> = committed.iter().collect();
+        assert_eq!(unique.len(), committed.len(), "a batch is on the ledger twice");
+        on_ledger += committed.len();
+    }
+    assert_eq!(on_ledger, 8);
+    let resubmitted = posts_per_batch(&cluster).values().filter(|n| **n == 2).count();
+    assert_eq!(resubmitted, 4, "the forgotten batches were POSTed again, once");
+    a.stop().await;
+}
+
+/// One instance stops abruptly mid-run (its tasks aborted, claims not released): the
+/// other takes its services over after the expiry and finishes everything; nothing lost.
+async fn abrupt_stop_is_taken_over(backend: TestBackend) {
+    let mut cluster = Cluster::scabbard(backend).await;
+    cluster.devnet.control().update_faults(&FaultsPatch {
+        commit_latency: Some("20ms".parse().unwrap()),
+        ..FaultsPatch::default()
+    }).unwrap();
+    cluster.set("instance_max_in_flight", "32");
+    for service in 0..20u64 {
+        cluster.enqueue(&format!("circuit::s{service:02}"), service * 100, 15, &[]).await;
+    }
+    let mut a = cluster.start_instance();
+    let mut b = cluster.start_instance();
+    wait_for(Duration::from_secs(60), || async { cluster.count_status("COMMITTED").await >= 60 })
+        .await
+        .expect("work under way");
+    let claims = cluster.store.claims().await.unwrap();
+    let holders: HashSet<Option<String>> = claims.iter().map(|c| c.claimant.clone()).collect();
+    assert_eq!(holders.len(), 2, "both instances hold services before the kill");
+    a.kill();
+    cluster.wait_until_final(Duration::from_secs(120)).await;
+    assert_eq!(cluster.count_status("COMMITTED").await, 300);
+    let claims = cluster.store.claims().await.unwrap();
+    let holders: HashSet<Option<String>> = claims.iter().map(|c| c.claimant.clone()).collect();
+    assert_eq!(holders.len(), 1, "the survivor holds everything: {holders:?}");
+    for service in 0..20u64 {
+        let committed = cluster.devnet.control().committed(&format!("circuit::s{service:02}"));
+        let unique: HashSet<&String> = committed.iter().collect();
+        assert_eq!(unique.len(), 15, "service {service}: every batch on the ledger once");
+    }
+    b.stop().await;
+}
+
+backend_tests!(
+    two_instances_commit_everything_in_order_once,
+    invalid_batch_is_recorded_and_the_service_goes_on,
+    back_pressure_storm_loses_nothing,
+    lost_response_is_resolved_without_resubmitting,
+    forgotten_batches_are_resubmitted_after_the_grace,
+    abrupt_stop_is_taken_over,
+);
