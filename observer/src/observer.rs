@@ -32,6 +32,9 @@ pub struct ObserverConfig {
     pub record_batch: usize,
 }
 
+/// Attempts to record one set of POST outcomes (about 30 s with the backoff).
+const RECORD_ATTEMPTS: u32 = 10;
+
 pub struct Observer {
     claims: ClaimsHandle,
     client: DltClient,
@@ -107,17 +110,22 @@ impl Recorder {
                 }
             }
             let work: Vec<(HeldClaim, Vec<Transition>)> = grouped.into_iter().collect();
-            // A database error here must not lose the outcome: retry with backoff. The
-            // batches stay SUBMITTING meanwhile, which also blocks a fast takeover.
+            // A database error must not lose the outcome: retry with backoff. The batches
+            // stay SUBMITTING meanwhile, which also blocks a fast takeover. If the database
+            // stays away, give up: whoever holds the claim next finds them SUBMITTING,
+            // turns them IN_DOUBT and asks the ledger, so nothing is lost either way.
             let mut delay = Duration::from_millis(50);
-            loop {
+            for attempt in 1..=RECORD_ATTEMPTS {
                 match self.claims.apply_transitions(&work).await {
                     Ok(outcome) => {
                         count_transitions(&work, &outcome.applied);
                         break;
                     }
+                    Err(error) if attempt == RECORD_ATTEMPTS => {
+                        tracing::error!(%error, "recording POST outcomes failed; left to in-doubt resolution");
+                    }
                     Err(error) => {
-                        tracing::warn!(%error, "recording POST outcomes failed; retrying");
+                        tracing::warn!(%error, attempt, "recording POST outcomes failed; retrying");
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(Duration::from_secs(5));
                     }

@@ -98,7 +98,12 @@ impl Submitter {
                 _ = shutdown.cancelled() => break,
                 _ = self.wakeup.woken() => {}
                 // New claims (or lost ones) change what is submittable.
-                _ = held.changed() => {}
+                changed = held.changed() => {
+                    if changed.is_err() {
+                        // The queuer is gone (shutting down): fall back to polling.
+                        tokio::time::sleep(self.config.idle_poll).await;
+                    }
+                }
                 _ = tokio::time::sleep(self.config.idle_poll) => {}
             }
         }
