@@ -11,6 +11,9 @@ pub enum BenchCommand {
     /// of services. Runs in a scratch schema of the test database (`scripts/setup-postgres`
     /// creates it; `DLTSUB_TEST_DATABASE_URL` overrides) or a scratch SQLite file.
     Queuer(QueuerBenchArgs),
+    /// How many batches per second the simulated ledger accepts and commits on loopback
+    /// (it must be far above what dltsub needs, so it is never a benchmark's bottleneck).
+    Devnet(dltsub_devnet::DevnetBenchArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -37,6 +40,11 @@ pub struct QueuerBenchArgs {
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Queuer(args) => queuer(args).await,
+        BenchCommand::Devnet(args) => {
+            let report = dltsub_devnet::run_bench(&args).await?;
+            println!("{report}");
+            Ok(())
+        }
     }
 }
 

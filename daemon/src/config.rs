@@ -270,7 +270,10 @@ impl ConfigArgs {
         for (name, value) in pairs {
             let key = KEYS.iter().find(|key| key.name == *name).ok_or_else(|| {
                 ConfigError::Inconsistent {
-                    problem: format!("unknown configuration key `{name}`; known keys: {}", known_keys()),
+                    problem: format!(
+                        "unknown configuration key `{name}`; known keys: {}",
+                        known_keys()
+                    ),
                 }
             })?;
             args.flags.insert(key.name, value.clone());

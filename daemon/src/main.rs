@@ -36,7 +36,10 @@ enum Command {
         #[command(flatten)]
         config: ConfigArgs,
     },
-    /// Benchmarks that print figures (see BENCHMARKS in the README).
+    /// A simulated ledger (Splinter scabbard or Sawtooth REST) for demos, tests and
+    /// benchmarks, with fault knobs at start and at run time (`/_devnet/faults`).
+    Devnet(dltsub_devnet::DevnetArgs),
+    /// Benchmarks that print figures (see Benchmarks in the README).
     Bench {
         #[command(subcommand)]
         what: bench::BenchCommand,
@@ -107,6 +110,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             print!("{}", config.render());
         }
         Command::Bench { what } => bench::run(what).await?,
+        Command::Devnet(args) => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            dltsub_devnet::run_devnet(&args, async move { shutdown.cancelled().await }).await?;
+        }
     }
     Ok(())
 }

@@ -86,12 +86,21 @@ impl Cluster {
     /// Accepts `count` batches for `service` (a `circuit::service` id); returns their ids in
     /// acceptance order. Batches whose number is in `invalid` carry a payload the ledger
     /// rejects.
-    pub async fn enqueue(&self, service: &str, first: u64, count: u64, invalid: &[u64]) -> Vec<String> {
+    pub async fn enqueue(
+        &self,
+        service: &str,
+        first: u64,
+        count: u64,
+        invalid: &[u64],
+    ) -> Vec<String> {
         let batches: Vec<NewBatch> = (first..first + count)
             .map(|n| batch(n, invalid.contains(&n)))
             .collect();
         let ids = batches.iter().map(|b| b.batch_id.clone()).collect();
-        self.store.enqueue(service, &batches).await.expect("enqueue");
+        self.store
+            .enqueue(service, &batches)
+            .await
+            .expect("enqueue");
         ids
     }
 
@@ -194,7 +203,9 @@ impl Instance {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let token = stop.clone();
         runtime.spawn(async move {
-            let result = dltsub::run::run(&config, token).await.map_err(|e| format!("{e:#}"));
+            let result = dltsub::run::run(&config, token)
+                .await
+                .map_err(|e| format!("{e:#}"));
             let _ = done_tx.send(result);
         });
         Self {

@@ -27,10 +27,14 @@ fn posts_per_batch(cluster: &Cluster) -> HashMap<String, usize> {
 /// submitted (the work was shared, so the order held across claims).
 async fn two_instances_commit_everything_in_order_once(backend: TestBackend) {
     let mut cluster = Cluster::scabbard(backend).await;
-    cluster.devnet.control().update_faults(&FaultsPatch {
-        commit_latency: Some("5ms".parse().unwrap()),
-        ..FaultsPatch::default()
-    }).unwrap();
+    cluster
+        .devnet
+        .control()
+        .update_faults(&FaultsPatch {
+            commit_latency: Some("5ms".parse().unwrap()),
+            ..FaultsPatch::default()
+        })
+        .unwrap();
     let mut accepted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for service in 0..50u64 {
         let id = format!("circuit::svc{service:02}");
@@ -44,7 +48,11 @@ async fn two_instances_commit_everything_in_order_once(backend: TestBackend) {
     assert_eq!(cluster.count_status("COMMITTED").await, 1_000);
 
     for (service, ids) in &accepted {
-        assert_eq!(&cluster.devnet.control().committed(service), ids, "ledger order of {service}");
+        assert_eq!(
+            &cluster.devnet.control().committed(service),
+            ids,
+            "ledger order of {service}"
+        );
     }
     let posts = posts_per_batch(&cluster);
     assert_eq!(posts.len(), 1_000);
@@ -57,7 +65,11 @@ async fn two_instances_commit_everything_in_order_once(backend: TestBackend) {
         .into_iter()
         .filter_map(|post| post.instance)
         .collect();
-    assert_eq!(instances.len(), 2, "both instances submitted: {instances:?}");
+    assert_eq!(
+        instances.len(),
+        2,
+        "both instances submitted: {instances:?}"
+    );
     a.stop().await;
     b.stop().await;
 }
@@ -80,7 +92,12 @@ async fn invalid_batch_is_recorded_and_the_service_goes_on(backend: TestBackend)
         ))
         .await;
     assert_eq!(with_message, 1, "the ledger's message is stored");
-    let expected: Vec<String> = ids.iter().enumerate().filter(|(n, _)| *n != 2).map(|(_, id)| id.clone()).collect();
+    let expected: Vec<String> = ids
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| *n != 2)
+        .map(|(_, id)| id.clone())
+        .collect();
     assert_eq!(cluster.devnet.control().committed("circuit::svc"), expected);
     a.stop().await;
 }
@@ -89,13 +106,19 @@ async fn invalid_batch_is_recorded_and_the_service_goes_on(backend: TestBackend)
 /// still reaches the ledger exactly once.
 async fn back_pressure_storm_loses_nothing(backend: TestBackend) {
     let cluster = Cluster::scabbard(backend).await;
-    cluster.devnet.control().update_faults(&FaultsPatch {
-        error_503_before: Some(0.6),
-        commit_latency: Some("5ms".parse().unwrap()),
-        ..FaultsPatch::default()
-    }).unwrap();
+    cluster
+        .devnet
+        .control()
+        .update_faults(&FaultsPatch {
+            error_503_before: Some(0.6),
+            commit_latency: Some("5ms".parse().unwrap()),
+            ..FaultsPatch::default()
+        })
+        .unwrap();
     for service in 0..10u64 {
-        cluster.enqueue(&format!("circuit::s{service}"), service * 100, 10, &[]).await;
+        cluster
+            .enqueue(&format!("circuit::s{service}"), service * 100, 10, &[])
+            .await;
     }
     let mut a = cluster.start_instance();
     cluster.wait_until_final(Duration::from_secs(120)).await;
@@ -113,11 +136,15 @@ async fn back_pressure_storm_loses_nothing(backend: TestBackend) {
 /// IN_DOUBT, the ledger is asked, and it ends COMMITTED with no second POST.
 async fn lost_response_is_resolved_without_resubmitting(backend: TestBackend) {
     let cluster = Cluster::scabbard(backend).await;
-    cluster.devnet.control().update_faults(&FaultsPatch {
-        drop_after_commit: Some(1.0),
-        commit_latency: Some("5ms".parse().unwrap()),
-        ..FaultsPatch::default()
-    }).unwrap();
+    cluster
+        .devnet
+        .control()
+        .update_faults(&FaultsPatch {
+            drop_after_commit: Some(1.0),
+            commit_latency: Some("5ms".parse().unwrap()),
+            ..FaultsPatch::default()
+        })
+        .unwrap();
     let ids = cluster.enqueue("circuit::svc", 0, 3, &[]).await;
     let mut a = cluster.start_instance();
     cluster.wait_until_final(Duration::from_secs(60)).await;
@@ -128,7 +155,9 @@ async fn lost_response_is_resolved_without_resubmitting(backend: TestBackend) {
     }
     let went_in_doubt = cluster
         .store
-        .scalar_i64_for_tests("(SELECT COUNT(DISTINCT seq) FROM batch_events WHERE new_status = 'IN_DOUBT')")
+        .scalar_i64_for_tests(
+            "(SELECT COUNT(DISTINCT seq) FROM batch_events WHERE new_status = 'IN_DOUBT')",
+        )
         .await;
     assert_eq!(went_in_doubt, 3, "every batch went through IN_DOUBT");
     a.stop().await;
@@ -138,37 +167,62 @@ async fn lost_response_is_resolved_without_resubmitting(backend: TestBackend) {
 /// resubmitted after the grace period, and are on the ledger exactly once.
 async fn forgotten_batches_are_resubmitted_after_the_grace(backend: TestBackend) {
     let mut cluster = Cluster::scabbard(backend).await;
-    cluster.devnet.control().update_faults(&FaultsPatch {
-        commit_latency: Some("3s".parse().unwrap()),
-        ..FaultsPatch::default()
-    }).unwrap();
+    cluster
+        .devnet
+        .control()
+        .update_faults(&FaultsPatch {
+            commit_latency: Some("3s".parse().unwrap()),
+            ..FaultsPatch::default()
+        })
+        .unwrap();
     cluster.set("instance_max_in_flight", "16");
     for service in 0..4u64 {
-        cluster.enqueue(&format!("circuit::s{service}"), service * 100, 2, &[]).await;
+        cluster
+            .enqueue(&format!("circuit::s{service}"), service * 100, 2, &[])
+            .await;
     }
     let mut a = cluster.start_instance();
     // Wait until the first batch of every service is on the ledger's pending list.
-    wait_for(Duration::from_secs(30), || async { cluster.count_status("PENDING").await == 4 })
-        .await
-        .expect("four batches pending");
+    wait_for(Duration::from_secs(30), || async {
+        cluster.count_status("PENDING").await == 4
+    })
+    .await
+    .expect("four batches pending");
     let forgotten = cluster.devnet.control().restart();
     assert_eq!(forgotten, 4, "the restart forgot the pending batches");
-    cluster.devnet.control().update_faults(&FaultsPatch {
-        commit_latency: Some("5ms".parse().unwrap()),
-        ..FaultsPatch::default()
-    }).unwrap();
+    cluster
+        .devnet
+        .control()
+        .update_faults(&FaultsPatch {
+            commit_latency: Some("5ms".parse().unwrap()),
+            ..FaultsPatch::default()
+        })
+        .unwrap();
     cluster.wait_until_final(Duration::from_secs(60)).await;
     assert_eq!(cluster.count_status("COMMITTED").await, 8);
     let mut on_ledger = 0;
     for service in 0..4u64 {
-        let committed = cluster.devnet.control().committed(&format!("circuit::s{service}"));
+        let committed = cluster
+            .devnet
+            .control()
+            .committed(&format!("circuit::s{service}"));
         let unique: HashSet<&String> = committed.iter().collect();
-        assert_eq!(unique.len(), committed.len(), "a batch is on the ledger twice");
+        assert_eq!(
+            unique.len(),
+            committed.len(),
+            "a batch is on the ledger twice"
+        );
         on_ledger += committed.len();
     }
     assert_eq!(on_ledger, 8);
-    let resubmitted = posts_per_batch(&cluster).values().filter(|n| **n == 2).count();
-    assert_eq!(resubmitted, 4, "the forgotten batches were POSTed again, once");
+    let resubmitted = posts_per_batch(&cluster)
+        .values()
+        .filter(|n| **n == 2)
+        .count();
+    assert_eq!(
+        resubmitted, 4,
+        "the forgotten batches were POSTed again, once"
+    );
     a.stop().await;
 }
 
@@ -176,32 +230,55 @@ async fn forgotten_batches_are_resubmitted_after_the_grace(backend: TestBackend)
 /// other takes its services over after the expiry and finishes everything; nothing lost.
 async fn abrupt_stop_is_taken_over(backend: TestBackend) {
     let mut cluster = Cluster::scabbard(backend).await;
-    cluster.devnet.control().update_faults(&FaultsPatch {
-        commit_latency: Some("20ms".parse().unwrap()),
-        ..FaultsPatch::default()
-    }).unwrap();
+    cluster
+        .devnet
+        .control()
+        .update_faults(&FaultsPatch {
+            commit_latency: Some("20ms".parse().unwrap()),
+            ..FaultsPatch::default()
+        })
+        .unwrap();
     cluster.set("instance_max_in_flight", "32");
     for service in 0..20u64 {
-        cluster.enqueue(&format!("circuit::s{service:02}"), service * 100, 15, &[]).await;
+        cluster
+            .enqueue(&format!("circuit::s{service:02}"), service * 100, 15, &[])
+            .await;
     }
     let mut a = cluster.start_instance();
     let mut b = cluster.start_instance();
-    wait_for(Duration::from_secs(60), || async { cluster.count_status("COMMITTED").await >= 60 })
-        .await
-        .expect("work under way");
+    wait_for(Duration::from_secs(60), || async {
+        cluster.count_status("COMMITTED").await >= 60
+    })
+    .await
+    .expect("work under way");
     let claims = cluster.store.claims().await.unwrap();
     let holders: HashSet<Option<String>> = claims.iter().map(|c| c.claimant.clone()).collect();
-    assert_eq!(holders.len(), 2, "both instances hold services before the kill");
+    assert_eq!(
+        holders.len(),
+        2,
+        "both instances hold services before the kill"
+    );
     a.kill();
     cluster.wait_until_final(Duration::from_secs(120)).await;
     assert_eq!(cluster.count_status("COMMITTED").await, 300);
     let claims = cluster.store.claims().await.unwrap();
     let holders: HashSet<Option<String>> = claims.iter().map(|c| c.claimant.clone()).collect();
-    assert_eq!(holders.len(), 1, "the survivor holds everything: {holders:?}");
+    assert_eq!(
+        holders.len(),
+        1,
+        "the survivor holds everything: {holders:?}"
+    );
     for service in 0..20u64 {
-        let committed = cluster.devnet.control().committed(&format!("circuit::s{service:02}"));
+        let committed = cluster
+            .devnet
+            .control()
+            .committed(&format!("circuit::s{service:02}"));
         let unique: HashSet<&String> = committed.iter().collect();
-        assert_eq!(unique.len(), 15, "service {service}: every batch on the ledger once");
+        assert_eq!(
+            unique.len(),
+            15,
+            "service {service}: every batch on the ledger once"
+        );
     }
     b.stop().await;
 }
