@@ -27,8 +27,10 @@ impl Backoff {
     }
 }
 
-/// The transition after a POST of a batch (submitted `attempts` times so far).
-pub fn after_post(seq: i64, attempts: i32, outcome: &PostOutcome, backoff: Backoff) -> Transition {
+/// The transition after a POST of a batch. `retry_after` is the backoff should the batch
+/// go back to QUEUED: one delay for all batches of a POST, so they are retried together
+/// and in order.
+pub fn after_post(seq: i64, outcome: &PostOutcome, retry_after: Duration) -> Transition {
     let from = BatchStatus::Submitting;
     match outcome {
         PostOutcome::Accepted => {
@@ -44,13 +46,13 @@ pub fn after_post(seq: i64, attempts: i32, outcome: &PostOutcome, backoff: Backo
         }
         PostOutcome::BackPressure { status } => {
             let mut transition = Transition::new(seq, from, BatchStatus::Queued);
-            transition.retry_after = Some(backoff.delay(attempts));
+            transition.retry_after = Some(retry_after);
             transition.last_error = Some(format!("ledger back-pressure ({status})"));
             transition
         }
         PostOutcome::NotSent { error } => {
             let mut transition = Transition::new(seq, from, BatchStatus::Queued);
-            transition.retry_after = Some(backoff.delay(attempts));
+            transition.retry_after = Some(retry_after);
             transition.last_error = Some(error.clone());
             transition
         }
@@ -139,63 +141,41 @@ mod tests {
 
     #[test]
     fn post_outcomes_map_to_the_lifecycle() {
-        let backoff = Backoff {
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(5),
-        };
+        let backoff = Duration::from_millis(300);
         assert_eq!(
-            after_post(1, 1, &PostOutcome::Accepted, backoff).to,
+            after_post(1, &PostOutcome::Accepted, backoff).to,
             BatchStatus::Pending
         );
-        let invalid = after_post(
-            1,
-            1,
-            &PostOutcome::Rejected {
-                message: "{\"code\":\"400\"}".into(),
-            },
-            backoff,
-        );
+        let rejected = PostOutcome::Rejected {
+            message: "{\"code\":\"400\"}".into(),
+        };
+        let invalid = after_post(1, &rejected, backoff);
         assert_eq!(invalid.to, BatchStatus::Invalid);
         assert_eq!(invalid.dlt_message.as_deref(), Some("{\"code\":\"400\"}"));
-        let retry = after_post(1, 3, &PostOutcome::BackPressure { status: 429 }, backoff);
+        let retry = after_post(1, &PostOutcome::BackPressure { status: 429 }, backoff);
         assert_eq!(retry.to, BatchStatus::Queued);
-        let delay = retry.retry_after.unwrap();
-        assert!(
-            delay >= Duration::from_millis(200) && delay <= Duration::from_millis(400),
-            "{delay:?}"
-        );
-        assert_eq!(
-            after_post(
-                1,
-                1,
-                &PostOutcome::NotSent {
-                    error: "refused".into()
-                },
-                backoff
-            )
-            .to,
-            BatchStatus::Queued
-        );
-        assert_eq!(
-            after_post(
-                1,
-                1,
-                &PostOutcome::InDoubt {
-                    error: "timeout".into()
-                },
-                backoff
-            )
-            .to,
-            BatchStatus::InDoubt
-        );
+        assert_eq!(retry.retry_after, Some(backoff));
+        let refused = PostOutcome::NotSent {
+            error: "refused".into(),
+        };
+        assert_eq!(after_post(1, &refused, backoff).to, BatchStatus::Queued);
+        let timeout = PostOutcome::InDoubt {
+            error: "timeout".into(),
+        };
+        assert_eq!(after_post(1, &timeout, backoff).to, BatchStatus::InDoubt);
     }
 
     #[test]
-    fn backoff_is_capped() {
+    fn backoff_doubles_with_jitter_and_is_capped() {
         let backoff = Backoff {
             base: Duration::from_millis(100),
             max: Duration::from_secs(5),
         };
+        let third = backoff.delay(3);
+        assert!(
+            third >= Duration::from_millis(200) && third <= Duration::from_millis(400),
+            "{third:?}"
+        );
         for attempts in [10, 30, i32::MAX] {
             assert!(backoff.delay(attempts) <= Duration::from_secs(5));
         }

@@ -97,16 +97,18 @@ impl Recorder {
             let submissions: Vec<Submission> = std::mem::take(&mut buffer);
             let mut grouped: BTreeMap<HeldClaim, Vec<Transition>> = BTreeMap::new();
             for submission in &submissions {
-                for (seq, _, attempts) in &submission.batches {
+                let attempts = submission
+                    .batches
+                    .iter()
+                    .map(|(_, _, a)| *a)
+                    .max()
+                    .unwrap_or(1);
+                let retry_after = self.config.backoff.delay(attempts);
+                for (seq, _, _) in &submission.batches {
                     grouped
                         .entry(submission.claim.clone())
                         .or_default()
-                        .push(after_post(
-                            *seq,
-                            *attempts,
-                            &submission.outcome,
-                            self.config.backoff,
-                        ));
+                        .push(after_post(*seq, &submission.outcome, retry_after));
                 }
             }
             let work: Vec<(HeldClaim, Vec<Transition>)> = grouped.into_iter().collect();

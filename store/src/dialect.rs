@@ -138,6 +138,9 @@ impl Dialect for PgConn {
                JOIN batches b ON b.seq = w.seq \
               WHERE c.claimant = $1 AND NOT s.paused \
                 AND w.status = 'QUEUED' AND w.next_attempt_at_us <= $2 \
+                AND NOT EXISTS (SELECT 1 FROM batch_statuses e \
+                     WHERE e.service_id = c.service_id AND e.status = 'QUEUED' \
+                       AND e.seq < w.seq AND e.next_attempt_at_us > $2) \
               ORDER BY w.seq LIMIT $3"
         );
         diesel::sql_query(sql)
@@ -252,6 +255,9 @@ impl Dialect for SqliteConn {
                 AND (SELECT COUNT(*) FROM batch_statuses z \
                       WHERE z.service_id = c.service_id AND z.status IN {ACTIVE_STATUSES} \
                         AND z.seq < bs.seq) < s.max_in_flight \
+                AND NOT EXISTS (SELECT 1 FROM batch_statuses e \
+                     WHERE e.service_id = c.service_id AND e.status = 'QUEUED' \
+                       AND e.seq < bs.seq AND e.next_attempt_at_us > $2) \
               ORDER BY bs.seq LIMIT $3"
         );
         diesel::sql_query(sql)

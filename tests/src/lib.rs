@@ -44,6 +44,13 @@ impl Cluster {
         Self::start(backend, DevnetConfig::new(Dialect::Scabbard)).await
     }
 
+    /// A Sawtooth devnet, and instances configured for it.
+    pub async fn sawtooth(backend: TestBackend) -> Self {
+        let mut cluster = Self::start(backend, DevnetConfig::new(Dialect::Sawtooth)).await;
+        cluster.set("dlt_dialect", "sawtooth");
+        cluster
+    }
+
     /// Overrides one configuration key for instances started after this call.
     pub fn set(&mut self, key: &'static str, value: &str) {
         self.overrides.push((key, value.to_string()));

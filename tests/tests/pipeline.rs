@@ -9,12 +9,21 @@ use dltsub_store::backend_tests;
 use dltsub_store::testing::TestBackend;
 use dltsub_tests::{Cluster, wait_for};
 
-/// How often devnet saw each batch id in a POST.
+/// How often devnet saw each batch id in a POST (whatever it answered).
 fn posts_per_batch(cluster: &Cluster) -> HashMap<String, usize> {
+    count_posts(cluster, |_| true)
+}
+
+/// How often devnet accepted (202) each batch id.
+fn accepted_posts_per_batch(cluster: &Cluster) -> HashMap<String, usize> {
+    count_posts(cluster, |status| status == Some(202))
+}
+
+fn count_posts(cluster: &Cluster, counted: impl Fn(Option<u16>) -> bool) -> HashMap<String, usize> {
     let log = cluster.devnet.control().posts();
     assert_eq!(log.evicted, 0, "the POST log kept every POST");
     let mut counts = HashMap::new();
-    for post in log.entries {
+    for post in log.entries.into_iter().filter(|post| counted(post.status)) {
         for id in post.batch_ids {
             *counts.entry(id).or_insert(0) += 1;
         }
@@ -234,7 +243,7 @@ async fn abrupt_stop_is_taken_over(backend: TestBackend) {
         .devnet
         .control()
         .update_faults(&FaultsPatch {
-            commit_latency: Some("20ms".parse().unwrap()),
+            commit_latency: Some("100ms".parse().unwrap()),
             ..FaultsPatch::default()
         })
         .unwrap();
@@ -246,17 +255,27 @@ async fn abrupt_stop_is_taken_over(backend: TestBackend) {
     }
     let mut a = cluster.start_instance();
     let mut b = cluster.start_instance();
+    // Both hold services (the fair share has settled) and work is under way.
+    let holders = || async {
+        let claims = cluster.store.claims().await.unwrap();
+        claims
+            .iter()
+            .filter_map(|c| c.claimant.clone())
+            .collect::<HashSet<String>>()
+    };
+    wait_for(Duration::from_secs(30), || async {
+        holders().await.len() == 2
+    })
+    .await
+    .expect("both instances hold services");
     wait_for(Duration::from_secs(60), || async {
-        cluster.count_status("COMMITTED").await >= 60
+        cluster.count_status("COMMITTED").await >= 20
     })
     .await
     .expect("work under way");
-    let claims = cluster.store.claims().await.unwrap();
-    let holders: HashSet<Option<String>> = claims.iter().map(|c| c.claimant.clone()).collect();
-    assert_eq!(
-        holders.len(),
-        2,
-        "both instances hold services before the kill"
+    assert!(
+        cluster.count_status("COMMITTED").await < 250,
+        "the kill comes mid-run"
     );
     a.kill();
     cluster.wait_until_final(Duration::from_secs(120)).await;
@@ -283,7 +302,72 @@ async fn abrupt_stop_is_taken_over(backend: TestBackend) {
     b.stop().await;
 }
 
+/// The Sawtooth dialect end to end, with `max_in_flight = 20` per service: several batches
+/// go in one BatchList POST, statuses of more than 15 ids are asked with Sawtooth's POST
+/// `/batch_statuses`, and each service's batches still reach the (single) ledger in
+/// acceptance order, once each.
+async fn sawtooth_with_many_in_flight_per_service(backend: TestBackend) {
+    let cluster = Cluster::sawtooth(backend).await;
+    cluster
+        .devnet
+        .control()
+        .update_faults(&FaultsPatch {
+            commit_latency: Some("200ms".parse().unwrap()),
+            ..FaultsPatch::default()
+        })
+        .unwrap();
+    let mut accepted: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for service in 0..3u64 {
+        let id = format!("s{service}");
+        accepted.insert(
+            id.clone(),
+            cluster.enqueue(&id, service * 1_000, 40, &[]).await,
+        );
+    }
+    cluster
+        .store
+        .execute_for_tests("UPDATE services SET max_in_flight = 20")
+        .await;
+    let mut a = cluster.start_instance();
+    cluster.wait_until_final(Duration::from_secs(60)).await;
+    assert_eq!(cluster.count_status("COMMITTED").await, 120);
+
+    let ledger = cluster
+        .devnet
+        .control()
+        .committed(dltsub_devnet::SAWTOOTH_LEDGER);
+    assert_eq!(ledger.len(), 120, "every batch on the ledger once");
+    for (service, ids) in &accepted {
+        let wanted: HashSet<&String> = ids.iter().collect();
+        let order: Vec<String> = ledger
+            .iter()
+            .filter(|id| wanted.contains(id))
+            .cloned()
+            .collect();
+        assert_eq!(&order, ids, "ledger order of {service}");
+    }
+    let posts = cluster.devnet.control().posts();
+    let largest = posts
+        .entries
+        .iter()
+        .map(|p| p.batch_ids.len())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        largest > 15,
+        "several batches per BatchList (largest POST: {largest})"
+    );
+    let accepted = accepted_posts_per_batch(&cluster);
+    assert_eq!(accepted.len(), 120);
+    assert!(
+        accepted.values().all(|n| *n == 1),
+        "a batch was accepted twice"
+    );
+    a.stop().await;
+}
+
 backend_tests!(
+    sawtooth_with_many_in_flight_per_service,
     two_instances_commit_everything_in_order_once,
     invalid_batch_is_recorded_and_the_service_goes_on,
     back_pressure_storm_loses_nothing,
