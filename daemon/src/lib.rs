@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod config;
+pub mod metrics;
 pub mod migrate;
 pub mod run;

@@ -97,9 +97,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Run { config } => {
             let config = Config::load(&config)?;
+            let metrics = dltsub::metrics::install()?;
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
-            dltsub::run::run(&config, shutdown).await?;
+            dltsub::run::run(&config, shutdown, Some(metrics)).await?;
         }
         Command::Migrate { config } => {
             let config = Config::load(&config)?;

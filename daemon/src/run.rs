@@ -6,6 +6,7 @@ use dltsub_observer::{Backoff, Observer, ObserverConfig};
 use dltsub_queuer::{Queuer, QueuerConfig, this_instance};
 use dltsub_store::Store;
 use dltsub_submitter::{Dialect, DltClient, Submitter, SubmitterConfig, Wakeup};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +19,14 @@ const RESULTS_CHANNEL: usize = 4_096;
 /// Starts an instance and runs it until `shutdown` is cancelled; then stops submitting,
 /// lets in-flight POSTs finish (up to `shutdown_timeout`), records their outcomes, releases
 /// the claims and returns.
-pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+///
+/// With `metrics`, serves them on `metrics_listen` (the recorder is process-wide, so the
+/// binary installs it once; in-process tests pass `None`).
+pub async fn run(
+    config: &Config,
+    shutdown: CancellationToken,
+    metrics: Option<PrometheusHandle>,
+) -> anyhow::Result<()> {
     let options = config.store_options();
     if config.migrate_on_start {
         dltsub_store::run_migrations(&options)
@@ -92,7 +100,16 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
     let queuer_task = tokio::spawn(queuer.run(queuer_stop.clone()));
     let submitter_task = tokio::spawn(submitter.run(submit_stop.clone()));
     let observer_task = tokio::spawn(observer.run(results_rx, poll_stop.clone()));
-    drop((store, wakeup));
+    let metrics_stop = CancellationToken::new();
+    let metrics_task = metrics.map(|handle| {
+        tokio::spawn(crate::metrics::serve(
+            config.metrics_listen,
+            handle,
+            store.clone(),
+            metrics_stop.clone(),
+        ))
+    });
+    drop(wakeup);
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: draining in-flight submissions");
@@ -104,6 +121,14 @@ pub async fn run(config: &Config, shutdown: CancellationToken) -> anyhow::Result
     let _ = observer_task.await;
     queuer_stop.cancel();
     let _ = queuer_task.await;
+    metrics_stop.cancel();
+    if let Some(task) = metrics_task {
+        match task.await {
+            Ok(Err(error)) => tracing::error!("{error:#}"),
+            Err(error) => tracing::error!(%error, "metrics server task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
     tracing::info!("shutdown complete");
     Ok(())
 }
@@ -112,4 +137,5 @@ fn describe_metrics() {
     dltsub_queuer::metrics::describe();
     dltsub_submitter::metrics::describe();
     dltsub_observer::metrics::describe();
+    crate::metrics::describe();
 }

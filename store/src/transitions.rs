@@ -248,3 +248,34 @@ impl Store {
         })
     }
 }
+
+impl Store {
+    /// Unfinished batches (QUEUED, SUBMITTING, PENDING, VALID, IN_DOUBT) by status, across
+    /// the cluster. Reads only the partial index of unfinished batches, so its cost follows
+    /// the backlog, not the history.
+    pub async fn count_unfinished_by_status(
+        &self,
+    ) -> Result<HashMap<BatchStatus, i64>, StoreError> {
+        use crate::schema::batch_statuses;
+        let rows: Vec<(String, i64)> = with_conn!(self, |conn| {
+            Ok::<_, StoreError>(
+                batch_statuses::table
+                    .filter(batch_statuses::status.eq_any([
+                        BatchStatus::Queued.as_str(),
+                        BatchStatus::Submitting.as_str(),
+                        BatchStatus::Pending.as_str(),
+                        BatchStatus::Valid.as_str(),
+                        BatchStatus::InDoubt.as_str(),
+                    ]))
+                    .group_by(batch_statuses::status)
+                    .select((batch_statuses::status, diesel::dsl::count_star()))
+                    .load(conn)
+                    .await?,
+            )
+        })?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(status, count)| Some((status.parse().ok()?, count)))
+            .collect())
+    }
+}

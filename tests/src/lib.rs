@@ -210,7 +210,7 @@ impl Instance {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let token = stop.clone();
         runtime.spawn(async move {
-            let result = dltsub::run::run(&config, token)
+            let result = dltsub::run::run(&config, token, None)
                 .await
                 .map_err(|e| format!("{e:#}"));
             let _ = done_tx.send(result);
