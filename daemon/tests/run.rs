@@ -50,10 +50,10 @@ fn batch(n: u64) -> NewBatch {
 async fn wait_for_http(url: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(response) = reqwest::get(url).await {
-            if response.status().is_success() {
-                return response.text().await.unwrap();
-            }
+        if let Ok(response) = reqwest::get(url).await
+            && response.status().is_success()
+        {
+            return response.text().await.unwrap();
         }
         assert!(Instant::now() < deadline, "{url} did not answer");
         tokio::time::sleep(Duration::from_millis(100)).await;
