@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use dltsub_devnet::FaultsPatch;
+use dltsub_devnet::{DevnetConfig, Dialect, FaultsPatch};
 use dltsub_store::backend_tests;
 use dltsub_store::testing::TestBackend;
 use dltsub_tests::{Cluster, wait_for};
@@ -111,30 +111,50 @@ async fn invalid_batch_is_recorded_and_the_service_goes_on(backend: TestBackend)
     a.stop().await;
 }
 
-/// A storm of 503s before acceptance slows submission but loses nothing, and every batch
-/// still reaches the ledger exactly once.
+/// A 429 storm — the ledger's back-pressure limit set to 3 batches in flight while 20
+/// services want to submit, plus random 503s — slows submission but loses nothing: every
+/// batch is committed, exactly once, in order per service.
 async fn back_pressure_storm_loses_nothing(backend: TestBackend) {
-    let cluster = Cluster::scabbard(backend).await;
-    cluster
-        .devnet
-        .control()
-        .update_faults(&FaultsPatch {
-            error_503_before: Some(0.6),
-            commit_latency: Some("5ms".parse().unwrap()),
-            ..FaultsPatch::default()
-        })
-        .unwrap();
-    for service in 0..10u64 {
-        cluster
-            .enqueue(&format!("circuit::s{service}"), service * 100, 10, &[])
-            .await;
+    let mut devnet = DevnetConfig::new(Dialect::Sawtooth);
+    devnet.backpressure_high = 3;
+    devnet.backpressure_low = 1;
+    devnet.faults.error_503_before = 0.2;
+    devnet.faults.commit_latency = "20ms".parse().unwrap();
+    let mut cluster = Cluster::start(backend, devnet).await;
+    cluster.set("dlt_dialect", "sawtooth");
+    let mut accepted = BTreeMap::new();
+    for service in 0..20u64 {
+        let id = format!("s{service:02}");
+        accepted.insert(
+            id.clone(),
+            cluster.enqueue(&id, service * 100, 5, &[]).await,
+        );
     }
     let mut a = cluster.start_instance();
     cluster.wait_until_final(Duration::from_secs(120)).await;
     assert_eq!(cluster.count_status("COMMITTED").await, 100);
     let log = cluster.devnet.control().posts();
-    let refused = log.entries.iter().filter(|p| p.status == Some(503)).count();
-    assert!(refused > 10, "the storm happened: {refused} refused POSTs");
+    let throttled = log.entries.iter().filter(|p| p.status == Some(429)).count();
+    let unavailable = log.entries.iter().filter(|p| p.status == Some(503)).count();
+    assert!(
+        throttled > 10,
+        "the 429 storm happened: {throttled} POSTs throttled"
+    );
+    assert!(unavailable > 0, "503s happened too");
+    let ledger = cluster
+        .devnet
+        .control()
+        .committed(dltsub_devnet::SAWTOOTH_LEDGER);
+    assert_eq!(ledger.len(), 100, "every batch on the ledger once");
+    for (service, ids) in &accepted {
+        let wanted: HashSet<&String> = ids.iter().collect();
+        let order: Vec<String> = ledger
+            .iter()
+            .filter(|id| wanted.contains(id))
+            .cloned()
+            .collect();
+        assert_eq!(&order, ids, "ledger order of {service}");
+    }
     let stats = cluster.devnet.control().stats();
     let duplicates: u64 = stats.ledgers.values().map(|l| l.duplicates).sum();
     assert_eq!(duplicates, 0);
