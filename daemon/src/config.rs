@@ -527,7 +527,8 @@ impl Config {
                 ),
             });
         }
-        if self.listen == self.metrics_listen {
+        // Port 0 (any free port, for tests) never collides.
+        if self.listen == self.metrics_listen && self.listen.port() != 0 {
             return Err(ConfigError::Inconsistent {
                 problem: format!("listen and metrics_listen are both {}", self.listen),
             });

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod api;
 pub mod bench;
 pub mod config;
 pub mod metrics;

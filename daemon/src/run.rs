@@ -1,6 +1,9 @@
 //! `dltsub run`: one instance — the queuer, the submitter and the observer, wired together
 //! — until a shutdown signal, then a graceful hand-over.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::Context;
 use dltsub_observer::{Backoff, Observer, ObserverConfig};
 use dltsub_queuer::{Queuer, QueuerConfig, this_instance};
@@ -10,6 +13,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::ApiState;
 use crate::config::{Config, DltDialect};
 
 /// Outcomes waiting for the observer; the submitter waits when it is full, which bounds
@@ -100,6 +104,18 @@ pub async fn run(
     let queuer_task = tokio::spawn(queuer.run(queuer_stop.clone()));
     let submitter_task = tokio::spawn(submitter.run(submit_stop.clone()));
     let observer_task = tokio::spawn(observer.run(results_rx, poll_stop.clone()));
+    let api_stop = CancellationToken::new();
+    let draining = Arc::new(AtomicBool::new(false));
+    let mut api_failure: Option<anyhow::Error> = None;
+    let mut api_task = tokio::spawn(crate::api::serve(
+        config.listen,
+        ApiState {
+            store: store.clone(),
+            wakeup: wakeup.clone(),
+            draining: draining.clone(),
+        },
+        api_stop.clone(),
+    ));
     let metrics_stop = CancellationToken::new();
     let metrics_task = metrics.map(|handle| {
         tokio::spawn(crate::metrics::serve(
@@ -109,9 +125,27 @@ pub async fn run(
             metrics_stop.clone(),
         ))
     });
-    drop(wakeup);
 
-    shutdown.cancelled().await;
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        result = &mut api_task => {
+            // The API could not start (port taken) or died: stop the instance cleanly.
+            let error = match result {
+                Ok(Err(error)) => error,
+                Ok(Ok(())) => anyhow::anyhow!("the API server stopped"),
+                Err(error) => anyhow::anyhow!("the API server task failed: {error}"),
+            };
+            tracing::error!("{error:#}; shutting down");
+            api_failure = Some(error);
+        }
+    }
+    // Stop taking batches first: the load balancer sees /readyz fail and the listener
+    // closes after in-flight requests finish.
+    draining.store(true, Ordering::SeqCst);
+    api_stop.cancel();
+    if api_failure.is_none() {
+        let _ = (&mut api_task).await;
+    }
     tracing::info!("shutting down: draining in-flight submissions");
     submit_stop.cancel();
     let _ = submitter_task.await;
@@ -130,7 +164,10 @@ pub async fn run(
         }
     }
     tracing::info!("shutdown complete");
-    Ok(())
+    match api_failure {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
 }
 
 fn describe_metrics() {

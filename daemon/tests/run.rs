@@ -60,9 +60,10 @@ async fn wait_for_http(url: &str) -> String {
     }
 }
 
-/// A real `dltsub run` against a real `dltsub devnet`: 30 batches over 3 services are
-/// committed; `/metrics` carries the submission counters and the scrape-time backlog
-/// gauges; SIGTERM makes it release its claims and exit 0 within the drain bound.
+/// A real `dltsub run` against a real `dltsub devnet`: 30 batches over 3 services, sent to
+/// dltsub's API as a scabbard client would send them to the ledger, are committed;
+/// `/metrics` carries the submission counters and the scrape-time backlog gauges; SIGTERM
+/// makes it release its claims and exit 0 within the drain bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_submits_serves_metrics_and_stops_on_sigterm() {
     let database = TestDatabase::migrated(TestBackend::Sqlite).await;
@@ -92,6 +93,7 @@ async fn run_submits_serves_metrics_and_stops_on_sigterm() {
     wait_for_http(&format!("http://127.0.0.1:{devnet_port}/_devnet/stats")).await;
 
     let metrics_port = free_port();
+    let api_port = free_port();
     let database_url = match &database.options.url {
         dltsub_store::DatabaseUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
         other => panic!("{other:?}"),
@@ -105,7 +107,7 @@ async fn run_submits_serves_metrics_and_stops_on_sigterm() {
                 "--dlt-url",
                 &format!("http://127.0.0.1:{devnet_port}"),
                 "--listen",
-                &format!("127.0.0.1:{}", free_port()),
+                &format!("127.0.0.1:{api_port}"),
                 "--metrics-listen",
                 &format!("127.0.0.1:{metrics_port}"),
                 "--fast-expiry",
@@ -125,6 +127,26 @@ async fn run_submits_serves_metrics_and_stops_on_sigterm() {
             .unwrap(),
     );
 
+    wait_for_http(&format!("http://127.0.0.1:{api_port}/readyz")).await;
+    let http = reqwest::Client::new();
+    for service in 0..3u64 {
+        let batches = (0..10)
+            .map(|n| batch(service * 100 + n))
+            .collect::<Vec<_>>();
+        // One BatchList per POST, as a ledger client sends them.
+        for new_batch in batches {
+            let response = http
+                .post(format!(
+                    "http://127.0.0.1:{api_port}/scabbard/circ/svc{service}/batches"
+                ))
+                .header("Content-Type", "application/octet-stream")
+                .body(new_batch.serialized_batch)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), 202);
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let committed = store
@@ -151,6 +173,7 @@ async fn run_submits_serves_metrics_and_stops_on_sigterm() {
     for expected in [
         "dltsub_submissions_total{outcome=\"accepted\"} 30",
         "dltsub_batches{status=\"QUEUED\"} 0",
+        "dltsub_batches{status=\"PENDING\"} 0",
         "dltsub_claims_held 3",
         "dltsub_dlt_post_seconds_bucket",
         "# HELP dltsub_claims_acquired_total",

@@ -27,7 +27,7 @@ pub use enqueue::{EnqueuedBatch, NewBatch};
 pub use migrate::{MigrationReport, known_migrations, run_migrations};
 pub use status::BatchStatus;
 pub use submission::{FencedOutcome, SubmittableBatch};
-pub use transitions::{PollableBatch, Transition, UnknownSince};
+pub use transitions::{BatchState, PollableBatch, Transition, UnknownSince};
 
 use connection::{Pool, with_conn};
 

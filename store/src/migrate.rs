@@ -116,3 +116,31 @@ fn migrate_sqlite(path: &std::path::Path, busy_ms: u128) -> Result<MigrationRepo
         })?;
     Ok(MigrationReport { applied, known })
 }
+
+impl crate::Store {
+    /// How many of this binary's migrations the database has not applied (0 = current).
+    pub async fn pending_migrations(&self) -> Result<usize, StoreError> {
+        use diesel_async::RunQueryDsl;
+        let known = known_migrations(self.url());
+        let applied: Vec<String> = crate::connection::with_conn!(self, |conn| {
+            Ok::<_, StoreError>(
+                diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+                    .load::<AppliedVersion>(conn)
+                    .await?
+                    .into_iter()
+                    .map(|row| row.version)
+                    .collect(),
+            )
+        })?;
+        Ok(known
+            .iter()
+            .filter(|version| !applied.contains(version))
+            .count())
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct AppliedVersion {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    version: String,
+}

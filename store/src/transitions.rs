@@ -279,3 +279,44 @@ impl Store {
             .collect())
     }
 }
+
+/// What a client may learn about one batch by id.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable)]
+pub struct BatchState {
+    pub batch_id: String,
+    pub status: String,
+    pub dlt_message: Option<String>,
+    pub created_at_us: i64,
+}
+
+impl Store {
+    /// The states of the given batch ids of one service (ids not found are left out).
+    pub async fn batch_states(
+        &self,
+        service_id: &str,
+        batch_ids: &[&str],
+    ) -> Result<Vec<BatchState>, StoreError> {
+        use crate::schema::{batch_statuses, batches};
+        let mut states = Vec::with_capacity(batch_ids.len());
+        for chunk in batch_ids.chunks(1_000) {
+            let mut rows: Vec<BatchState> = with_conn!(self, |conn| {
+                Ok::<_, StoreError>(
+                    batches::table
+                        .inner_join(batch_statuses::table)
+                        .filter(batches::service_id.eq(service_id))
+                        .filter(batches::batch_id.eq_any(chunk))
+                        .select((
+                            batches::batch_id,
+                            batch_statuses::status,
+                            batch_statuses::dlt_message,
+                            batches::created_at_us,
+                        ))
+                        .load(conn)
+                        .await?,
+                )
+            })?;
+            states.append(&mut rows);
+        }
+        Ok(states)
+    }
+}

@@ -77,6 +77,8 @@ impl Cluster {
             ("retry_backoff_base", "20ms".into()),
             ("retry_backoff_max", "500ms".into()),
             ("shutdown_timeout", "3s".into()),
+            // Several instances in one process: any free port for each API.
+            ("listen", "127.0.0.1:0".into()),
         ];
         for (key, value) in &self.overrides {
             pairs.retain(|(k, _)| k != key);

@@ -1,0 +1,225 @@
+//! The Splinter scabbard routes, served by dltsub from its database:
+//! `POST /scabbard/{circuit}/{service}/batches` accepts a BatchList durably and answers 202
+//! with a link to dltsub's own `batch_statuses`, which answers in scabbard's JSON with its
+//! `wait` semantics. The `service_id` is `circuit::service`.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dltsub_store::{BatchState, NewBatch, StoreError};
+use dltsub_wire::scabbard::{
+    MSG_INVALID_QUERY, MSG_NO_IDS, MSG_NO_VALID_BATCHES, MSG_NOT_A_BATCH_LIST, ScabbardBatchInfo,
+    ScabbardError, ScabbardInvalidTransaction, ScabbardStatus, ScabbardTimestamp,
+    ScabbardValidTransaction, batch_statuses_link,
+};
+use dltsub_wire::{BatchList, BatchListError, decode_batch_list};
+use prost::Message;
+use serde::Deserialize;
+
+use super::ApiState;
+
+/// How often a `wait` re-reads the database.
+const WAIT_POLL: Duration = Duration::from_millis(25);
+/// The longest `wait` honoured, whatever the client asks.
+const MAX_WAIT: Duration = Duration::from_secs(300);
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/scabbard/{circuit}/{service}/batches", post(submit))
+        .route(
+            "/scabbard/{circuit}/{service}/batch_statuses",
+            get(statuses),
+        )
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    let body = ScabbardError {
+        code: status.as_u16().to_string(),
+        message: message.to_string(),
+    };
+    (status, Json(body)).into_response()
+}
+
+async fn submit(
+    State(state): State<ApiState>,
+    Path((circuit, service)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let list = match decode_batch_list(&body) {
+        Ok(list) => list,
+        Err(BatchListError::Decode(_)) => {
+            return error(StatusCode::BAD_REQUEST, MSG_NOT_A_BATCH_LIST);
+        }
+        Err(_) => return error(StatusCode::BAD_REQUEST, MSG_NO_VALID_BATCHES),
+    };
+    let service_id = format!("{circuit}::{service}");
+    // Each batch is stored as a BatchList of its own: what is POSTed to the ledger, alone
+    // or concatenated with the next ones of its service.
+    let batches: Vec<NewBatch> = list
+        .batches
+        .into_iter()
+        .map(|batch| NewBatch {
+            batch_id: batch.header_signature.clone(),
+            serialized_batch: BatchList {
+                batches: vec![batch],
+            }
+            .encode_to_vec(),
+        })
+        .collect();
+    match state.store.enqueue(&service_id, &batches).await {
+        Ok(accepted) => {
+            state.wakeup.wake();
+            let ids = accepted.iter().map(|b| b.batch_id.as_str());
+            let link = batch_statuses_link(&circuit, &service, ids);
+            (
+                StatusCode::ACCEPTED,
+                Json(serde_json::json!({ "link": link })),
+            )
+                .into_response()
+        }
+        Err(StoreError::BatchConflict { batch_id, .. }) => error(
+            StatusCode::CONFLICT,
+            &format!("batch {batch_id} was already accepted with different bytes"),
+        ),
+        Err(StoreError::InvalidInput { field, problem }) => error(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid {field}: {problem}"),
+        ),
+        Err(store_error) => {
+            tracing::error!(error = %store_error, service.id = %service_id, "enqueue failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The service is unavailable",
+            )
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct StatusQuery {
+    ids: Option<String>,
+    wait: Option<String>,
+}
+
+async fn statuses(
+    State(state): State<ApiState>,
+    Path((circuit, service)): Path<(String, String)>,
+    Query(query): Query<StatusQuery>,
+) -> Response {
+    let ids: Vec<&str> = query
+        .ids
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|id| !id.is_empty())
+        .collect();
+    if ids.is_empty() {
+        return error(StatusCode::BAD_REQUEST, MSG_NO_IDS);
+    }
+    let wait = match query.wait.as_deref() {
+        None | Some("false") => Duration::ZERO,
+        Some(text) => match text.parse::<u64>() {
+            Ok(secs) => Duration::from_secs(secs).min(MAX_WAIT),
+            Err(_) => return error(StatusCode::BAD_REQUEST, MSG_INVALID_QUERY),
+        },
+    };
+    let service_id = format!("{circuit}::{service}");
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let states = match state.store.batch_states(&service_id, &ids).await {
+            Ok(states) => states,
+            Err(store_error) => {
+                tracing::error!(error = %store_error, "reading batch statuses failed");
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "The service is unavailable",
+                );
+            }
+        };
+        let answer = answer(&ids, &states);
+        let all_final = answer.iter().all(|info| info.status.kind().is_final());
+        if all_final || tokio::time::Instant::now() >= deadline {
+            return (StatusCode::OK, Json(answer)).into_response();
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+}
+
+/// One entry per asked id, in the order asked (each id once), Unknown when not found.
+fn answer(ids: &[&str], states: &[BatchState]) -> Vec<ScabbardBatchInfo> {
+    let by_id: HashMap<&str, &BatchState> =
+        states.iter().map(|s| (s.batch_id.as_str(), s)).collect();
+    let mut seen = std::collections::HashSet::new();
+    ids.iter()
+        .filter(|id| seen.insert(**id))
+        .map(|id| match by_id.get(id) {
+            Some(state) => ScabbardBatchInfo {
+                id: (*id).to_string(),
+                status: scabbard_status(state),
+                timestamp: ScabbardTimestamp::from(
+                    UNIX_EPOCH + Duration::from_micros(state.created_at_us.max(0) as u64),
+                ),
+            },
+            None => ScabbardBatchInfo {
+                id: (*id).to_string(),
+                status: ScabbardStatus::Unknown,
+                timestamp: ScabbardTimestamp::from(SystemTime::now()),
+            },
+        })
+        .collect()
+}
+
+/// dltsub's status as scabbard would report it. Everything not yet decided by the ledger
+/// is Pending; the ledger's own transaction list is passed on when it was stored.
+fn scabbard_status(state: &BatchState) -> ScabbardStatus {
+    let message: Option<serde_json::Value> = state
+        .dlt_message
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok());
+    match state.status.as_str() {
+        "COMMITTED" => ScabbardStatus::Committed(valid_transactions(message)),
+        "VALID" => ScabbardStatus::Valid(valid_transactions(message)),
+        "INVALID" => ScabbardStatus::Invalid(invalid_transactions(message, state)),
+        "CANCELLED" => ScabbardStatus::Invalid(vec![ScabbardInvalidTransaction {
+            transaction_id: String::new(),
+            error_message: "cancelled by an operator before submission".into(),
+            error_data: Vec::new(),
+        }]),
+        _ => ScabbardStatus::Pending,
+    }
+}
+
+fn valid_transactions(message: Option<serde_json::Value>) -> Vec<ScabbardValidTransaction> {
+    message
+        .and_then(|value| serde_json::from_value(value).ok())
+        .unwrap_or_default()
+}
+
+fn invalid_transactions(
+    message: Option<serde_json::Value>,
+    state: &BatchState,
+) -> Vec<ScabbardInvalidTransaction> {
+    if let Some(list) = message
+        .clone()
+        .and_then(|value| serde_json::from_value::<Vec<ScabbardInvalidTransaction>>(value).ok())
+        .filter(|list| !list.is_empty())
+    {
+        return list;
+    }
+    // A 400 body or a Sawtooth-style list: keep the ledger's words as the error message.
+    vec![ScabbardInvalidTransaction {
+        transaction_id: String::new(),
+        error_message: message
+            .map(|value| value.to_string())
+            .or_else(|| state.dlt_message.clone())
+            .unwrap_or_else(|| "rejected by the ledger".into()),
+        error_data: Vec::new(),
+    }]
+}

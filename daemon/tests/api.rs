@@ -1,0 +1,250 @@
+//! The ledger-compatible API, spoken to exactly as a scabbard client would: protobuf
+//! BatchList in, scabbard's JSON out, no dltsub-specific headers. Both backends.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use dltsub::api::{ApiState, router};
+use dltsub_store::Store;
+use dltsub_store::testing::{TestBackend, TestDatabase};
+use dltsub_submitter::Wakeup;
+use dltsub_wire::{Batch, BatchList, Transaction};
+use prost::Message;
+use serde_json::{Value, json};
+
+struct Api {
+    _database: TestDatabase,
+    store: Store,
+    base: String,
+    draining: Arc<AtomicBool>,
+    http: reqwest::Client,
+}
+
+async fn api(backend: TestBackend) -> Api {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    let draining = Arc::new(AtomicBool::new(false));
+    let state = ApiState {
+        store: store.clone(),
+        wakeup: Wakeup::default(),
+        draining: draining.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    Api {
+        _database: database,
+        store,
+        base,
+        draining,
+        http: reqwest::Client::new(),
+    }
+}
+
+fn batch(n: u64) -> Batch {
+    Batch {
+        header: vec![n as u8],
+        header_signature: format!("{:0>128}", format!("{n:x}e")),
+        transactions: vec![Transaction {
+            header: vec![1],
+            header_signature: format!("{:0>128}", format!("{n:x}d")),
+            payload: vec![2],
+        }],
+        trace: false,
+    }
+}
+
+fn list(batches: Vec<Batch>) -> Vec<u8> {
+    BatchList { batches }.encode_to_vec()
+}
+
+impl Api {
+    async fn post(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("Content-Type", "octet-stream")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// A BatchList is accepted durably with scabbard's 202 and relative link; following the
+/// link gives scabbard's status JSON; the same POST again is idempotent.
+async fn submit_then_follow_the_link(backend: TestBackend) {
+    let api = api(backend).await;
+    let body = list(vec![batch(1), batch(2)]);
+    let (status, answer) = api.post("/scabbard/circ/svc/batches", body.clone()).await;
+    assert_eq!(status, 202, "{answer}");
+    let link = answer["link"].as_str().unwrap().to_string();
+    let ids = format!(
+        "{},{}",
+        batch(1).header_signature,
+        batch(2).header_signature
+    );
+    assert_eq!(link, format!("/scabbard/circ/svc/batch_statuses?ids={ids}"));
+    assert_eq!(api.store.count_rows_for_tests("batches").await, 2);
+
+    let (status, statuses) = api.get(&link).await;
+    assert_eq!(status, 200);
+    let entries = statuses.as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0]["id"], json!(batch(1).header_signature));
+    assert_eq!(
+        entries[0]["status"],
+        json!({"statusType": "Pending", "message": []})
+    );
+    assert!(
+        entries[0]["timestamp"]["secs_since_epoch"]
+            .as_u64()
+            .unwrap()
+            > 1_700_000_000
+    );
+
+    let (status, _) = api.post("/scabbard/circ/svc/batches", body).await;
+    assert_eq!(status, 202, "resubmitting the same batches is idempotent");
+    assert_eq!(api.store.count_rows_for_tests("batches").await, 2);
+}
+
+/// Bad bodies get scabbard's 400 JSON and write nothing; a known id with other bytes is a
+/// 409 conflict that writes nothing either.
+async fn bad_input_is_refused_and_nothing_written(backend: TestBackend) {
+    let api = api(backend).await;
+    let (status, answer) = api
+        .post("/scabbard/c/s/batches", b"not protobuf \xff\xff".to_vec())
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        answer,
+        json!({"code": "400", "message": "Invalid body: not a valid list of batches"})
+    );
+    let (status, answer) = api.post("/scabbard/c/s/batches", list(vec![])).await;
+    assert_eq!(
+        (status, answer["message"].clone()),
+        (400, json!("No valid batches provided"))
+    );
+    let mut short_id = batch(3);
+    short_id.header_signature = "abc".into();
+    let (status, _) = api
+        .post("/scabbard/c/s/batches", list(vec![short_id]))
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(api.store.count_rows_for_tests("batches").await, 0);
+
+    api.post("/scabbard/c/s/batches", list(vec![batch(4)]))
+        .await;
+    let mut tampered = batch(4);
+    tampered.header = b"other".to_vec();
+    let (status, answer) = api
+        .post("/scabbard/c/s/batches", list(vec![batch(5), tampered]))
+        .await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["code"], json!("409"));
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains(&batch(4).header_signature)
+    );
+    assert_eq!(
+        api.store.count_rows_for_tests("batches").await,
+        1,
+        "batch 5 was not written"
+    );
+
+    let (status, answer) = api.get("/scabbard/c/s/batch_statuses").await;
+    assert_eq!(
+        (status, answer["message"].clone()),
+        (400, json!("No batch IDs specified"))
+    );
+    let (status, _) = api
+        .get(&format!(
+            "/scabbard/c/s/batch_statuses?ids={}&wait=soon",
+            batch(4).header_signature
+        ))
+        .await;
+    assert_eq!(status, 400);
+}
+
+/// Unknown ids read Unknown; `wait` returns as soon as every id is final, with the
+/// ledger's transaction list, and otherwise at the timeout with what is known.
+async fn statuses_and_wait(backend: TestBackend) {
+    let api = api(backend).await;
+    api.post("/scabbard/c/s/batches", list(vec![batch(6)]))
+        .await;
+    let id = batch(6).header_signature;
+    let unknown = format!("{:0>128}", "f00d");
+    let (_, answer) = api
+        .get(&format!("/scabbard/c/s/batch_statuses?ids={unknown}"))
+        .await;
+    assert_eq!(answer[0]["status"]["statusType"], json!("Unknown"));
+
+    let started = Instant::now();
+    let (_, answer) = api
+        .get(&format!("/scabbard/c/s/batch_statuses?ids={id}&wait=1"))
+        .await;
+    assert_eq!(answer[0]["status"]["statusType"], json!("Pending"));
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "waited for the timeout"
+    );
+
+    let store = api.store.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        store
+            .execute_for_tests(
+                "UPDATE batch_statuses SET status = 'COMMITTED', \
+                 dlt_message = '[{\"transaction_id\":\"t1\"}]'",
+            )
+            .await;
+    });
+    let started = Instant::now();
+    let (_, answer) = api
+        .get(&format!("/scabbard/c/s/batch_statuses?ids={id}&wait=30"))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "returned once final"
+    );
+    assert_eq!(
+        answer[0]["status"],
+        json!({"statusType": "Committed", "message": [{"transaction_id": "t1"}]})
+    );
+}
+
+/// /healthz answers while the process lives; /readyz is 503 while draining.
+async fn health_and_readiness(backend: TestBackend) {
+    let api = api(backend).await;
+    assert_eq!(api.get("/healthz").await.0, 200);
+    assert_eq!(api.get("/readyz").await, (200, json!({"status": "ready"})));
+    api.draining
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        api.get("/readyz").await,
+        (503, json!({"status": "draining"}))
+    );
+}
+
+dltsub_store::backend_tests!(
+    submit_then_follow_the_link,
+    bad_input_is_refused_and_nothing_written,
+    statuses_and_wait,
+    health_and_readiness,
+);
