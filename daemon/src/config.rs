@@ -175,6 +175,12 @@ const KEYS: &[Key] = &[
         doc: "On SIGTERM, wait this long for in-flight POSTs before releasing claims and exiting",
     },
     Key {
+        name: "sawtooth_service_id",
+        default: "sawtooth",
+        kind: Kind::Text,
+        doc: "The service of batches POSTed to the Sawtooth route /batches without ?service_id=",
+    },
+    Key {
         name: "listen",
         default: "127.0.0.1:8080",
         kind: Kind::Text,
@@ -391,6 +397,7 @@ pub struct Config {
     pub retry_backoff_base: Duration,
     pub retry_backoff_max: Duration,
     pub shutdown_timeout: Duration,
+    pub sawtooth_service_id: String,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     /// Each key's value as text and where it came from, for `dltsub config`.
@@ -476,6 +483,7 @@ impl Config {
             retry_backoff_base: get("retry_backoff_base").duration()?,
             retry_backoff_max: get("retry_backoff_max").duration()?,
             shutdown_timeout: get("shutdown_timeout").duration()?,
+            sawtooth_service_id: get("sawtooth_service_id").service_id()?,
             listen: get("listen").parse()?,
             metrics_listen: get("metrics_listen").parse()?,
             sources: values
@@ -615,6 +623,16 @@ impl Field<'_> {
             Ok(value) => Ok(value),
             Err(_) => Err(self.error("not a positive integer")),
         }
+    }
+
+    fn service_id(&self) -> Result<String, ConfigError> {
+        if self.text.is_empty() || self.text.len() > dltsub_store::MAX_SERVICE_ID_LEN {
+            return Err(self.error(format!(
+                "must be 1 to {} bytes long",
+                dltsub_store::MAX_SERVICE_ID_LEN
+            )));
+        }
+        Ok(self.text.to_string())
     }
 
     fn boolean(&self) -> Result<bool, ConfigError> {

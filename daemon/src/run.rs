@@ -113,6 +113,7 @@ pub async fn run(
             store: store.clone(),
             wakeup: wakeup.clone(),
             draining: draining.clone(),
+            sawtooth_service_id: config.sawtooth_service_id.clone(),
         },
         api_stop.clone(),
     ));

@@ -29,6 +29,7 @@ async fn api(backend: TestBackend) -> Api {
         store: store.clone(),
         wakeup: Wakeup::default(),
         draining: draining.clone(),
+        sawtooth_service_id: "default-svc".into(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -242,7 +243,115 @@ async fn health_and_readiness(backend: TestBackend) {
     );
 }
 
+impl Api {
+    async fn post_as(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("Content-Type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// The Sawtooth routes as a Sawtooth client uses them: exact content type, absolute link,
+/// `{"data": [...]}` statuses by GET and by POST, and Sawtooth's error codes.
+async fn sawtooth_routes(backend: TestBackend) {
+    let api = api(backend).await;
+    let (status, answer) = api
+        .post_as("/batches", "application/octet-stream", list(vec![batch(7)]))
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let id = batch(7).header_signature;
+    let host = api.base.trim_start_matches("http://");
+    assert_eq!(
+        answer["link"],
+        json!(format!("http://{host}/batch_statuses?id={id}"))
+    );
+    let in_default = api
+        .store
+        .scalar_i64_for_tests("(SELECT COUNT(*) FROM batches WHERE service_id = 'default-svc')")
+        .await;
+    assert_eq!(in_default, 1, "no ?service_id: the configured service");
+    api.post_as(
+        "/batches?service_id=chosen",
+        "application/octet-stream",
+        list(vec![batch(8)]),
+    )
+    .await;
+    let in_chosen = api
+        .store
+        .scalar_i64_for_tests("(SELECT COUNT(*) FROM batches WHERE service_id = 'chosen')")
+        .await;
+    assert_eq!(in_chosen, 1);
+
+    let (status, answer) = api.get(&format!("/batch_statuses?id={id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        answer["data"],
+        json!([{"id": id, "invalid_transactions": [], "status": "PENDING"}])
+    );
+    assert_eq!(
+        answer["link"],
+        json!(format!("http://{host}/batch_statuses?id={id}"))
+    );
+
+    // More than 15 ids go in a POST; unknown ones read UNKNOWN.
+    let mut ids: Vec<String> = (100..119).map(|n| format!("{n:0128x}")).collect();
+    ids.push(id.clone());
+    let (status, answer) = api
+        .post_as(
+            "/batch_statuses",
+            "application/json",
+            serde_json::to_vec(&ids).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let data = answer["data"].as_array().unwrap();
+    assert_eq!(data.len(), 20);
+    assert_eq!(data[0]["status"], json!("UNKNOWN"));
+    assert_eq!(data[19]["status"], json!("PENDING"));
+    assert!(answer.get("link").is_none());
+
+    for (path, content_type, body, code) in [
+        ("/batches", "application/json", list(vec![batch(9)]), 42),
+        (
+            "/batches",
+            "application/octet-stream",
+            b"\xff\xff garbage".to_vec(),
+            35,
+        ),
+        ("/batches", "application/octet-stream", list(vec![]), 34),
+        ("/batch_statuses", "text/plain", b"[]".to_vec(), 43),
+        ("/batch_statuses", "application/json", b"[]".to_vec(), 46),
+    ] {
+        let (status, answer) = api.post_as(path, content_type, body).await;
+        assert_eq!(status, 400, "{path} {content_type}: {answer}");
+        assert_eq!(
+            answer["error"]["code"],
+            json!(code),
+            "{path} {content_type}: {answer}"
+        );
+    }
+    let (status, answer) = api.get("/batch_statuses").await;
+    assert_eq!((status, answer["error"]["code"].clone()), (400, json!(66)));
+    let (status, answer) = api
+        .get(&format!("/batch_statuses?id={}", id.to_uppercase()))
+        .await;
+    assert_eq!((status, answer["error"]["code"].clone()), (400, json!(60)));
+    assert_eq!(
+        api.store.count_rows_for_tests("batches").await,
+        2,
+        "refused bodies wrote nothing"
+    );
+}
+
 dltsub_store::backend_tests!(
+    sawtooth_routes,
     submit_then_follow_the_link,
     bad_input_is_refused_and_nothing_written,
     statuses_and_wait,

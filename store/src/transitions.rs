@@ -290,10 +290,11 @@ pub struct BatchState {
 }
 
 impl Store {
-    /// The states of the given batch ids of one service (ids not found are left out).
+    /// The states of the given batch ids, of one service or (`None`) of any service — the
+    /// Sawtooth routes name no service. Ids not found are left out.
     pub async fn batch_states(
         &self,
-        service_id: &str,
+        service_id: Option<&str>,
         batch_ids: &[&str],
     ) -> Result<Vec<BatchState>, StoreError> {
         use crate::schema::{batch_statuses, batches};
@@ -303,8 +304,13 @@ impl Store {
                 Ok::<_, StoreError>(
                     batches::table
                         .inner_join(batch_statuses::table)
-                        .filter(batches::service_id.eq(service_id))
                         .filter(batches::batch_id.eq_any(chunk))
+                        .filter(
+                            batches::service_id
+                                .nullable()
+                                .eq(service_id)
+                                .or(service_id.is_none().into_sql::<diesel::sql_types::Bool>()),
+                        )
                         .select((
                             batches::batch_id,
                             batch_statuses::status,

@@ -2,6 +2,7 @@
 //! the ledger points at dltsub unchanged), health and readiness for the load balancer.
 
 mod health;
+mod sawtooth;
 mod scabbard;
 
 use std::net::SocketAddr;
@@ -26,11 +27,14 @@ pub struct ApiState {
     pub wakeup: Wakeup,
     /// Set once shutdown starts: `/readyz` answers 503 so the load balancer drains us.
     pub draining: Arc<AtomicBool>,
+    /// The service of batches POSTed to Sawtooth's `/batches` without `?service_id=`.
+    pub sawtooth_service_id: String,
 }
 
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(scabbard::routes())
+        .merge(sawtooth::routes())
         .merge(health::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -50,4 +54,37 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
         .context("API server")
+}
+
+/// How often a status `wait` re-reads the database.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(25);
+/// The longest `wait` honoured, whatever the client asks.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The states of `ids`, re-read until every one is final in dltsub (COMMITTED, INVALID,
+/// CANCELLED) or `wait` has passed — the ledgers' `wait` semantics, answered from the
+/// database.
+async fn states_after_wait(
+    store: &Store,
+    service_id: Option<&str>,
+    ids: &[&str],
+    wait: std::time::Duration,
+) -> Result<Vec<dltsub_store::BatchState>, dltsub_store::StoreError> {
+    let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+    loop {
+        let states = store.batch_states(service_id, ids).await?;
+        let all_final = ids.iter().all(|id| {
+            states.iter().any(|state| {
+                state.batch_id == *id
+                    && state
+                        .status
+                        .parse::<dltsub_store::BatchStatus>()
+                        .is_ok_and(|status| status.is_terminal())
+            })
+        });
+        if all_final || tokio::time::Instant::now() >= deadline {
+            return Ok(states);
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
 }

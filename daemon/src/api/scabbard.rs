@@ -23,12 +23,7 @@ use dltsub_wire::{BatchList, BatchListError, decode_batch_list};
 use prost::Message;
 use serde::Deserialize;
 
-use super::ApiState;
-
-/// How often a `wait` re-reads the database.
-const WAIT_POLL: Duration = Duration::from_millis(25);
-/// The longest `wait` honoured, whatever the client asks.
-const MAX_WAIT: Duration = Duration::from_secs(300);
+use super::{ApiState, states_after_wait};
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -126,29 +121,20 @@ async fn statuses(
     let wait = match query.wait.as_deref() {
         None | Some("false") => Duration::ZERO,
         Some(text) => match text.parse::<u64>() {
-            Ok(secs) => Duration::from_secs(secs).min(MAX_WAIT),
+            Ok(secs) => Duration::from_secs(secs),
             Err(_) => return error(StatusCode::BAD_REQUEST, MSG_INVALID_QUERY),
         },
     };
     let service_id = format!("{circuit}::{service}");
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        let states = match state.store.batch_states(&service_id, &ids).await {
-            Ok(states) => states,
-            Err(store_error) => {
-                tracing::error!(error = %store_error, "reading batch statuses failed");
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "The service is unavailable",
-                );
-            }
-        };
-        let answer = answer(&ids, &states);
-        let all_final = answer.iter().all(|info| info.status.kind().is_final());
-        if all_final || tokio::time::Instant::now() >= deadline {
-            return (StatusCode::OK, Json(answer)).into_response();
+    match states_after_wait(&state.store, Some(&service_id), &ids, wait).await {
+        Ok(states) => (StatusCode::OK, Json(answer(&ids, &states))).into_response(),
+        Err(store_error) => {
+            tracing::error!(error = %store_error, "reading batch statuses failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The service is unavailable",
+            )
         }
-        tokio::time::sleep(WAIT_POLL).await;
     }
 }
 

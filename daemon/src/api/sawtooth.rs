@@ -1,0 +1,250 @@
+//! The Sawtooth REST routes, served by dltsub from its database: `POST /batches` (the
+//! service is `?service_id=` or the configured `sawtooth_service_id`), `GET /batch_statuses
+//! ?id=…` and `POST /batch_statuses` with a JSON array of ids, with Sawtooth's error bodies,
+//! absolute links and `wait` semantics.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dltsub_store::{BatchState, NewBatch, StoreError};
+use dltsub_wire::sawtooth::{
+    BatchStatuses, DEFAULT_WAIT_SECS, ErrorKind, InvalidTransaction, SawtoothBatchStatus, to_json,
+};
+use dltsub_wire::{BatchList, BatchListError, BatchStatus, OCTET_STREAM, decode_batch_list};
+use prost::Message;
+use serde::Deserialize;
+
+use super::{ApiState, states_after_wait};
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/batches", post(submit))
+        .route("/batch_statuses", get(statuses_get).post(statuses_post))
+}
+
+fn json_response(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn error(kind: ErrorKind, additional_info: &str) -> Response {
+    let status = StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    json_response(status, to_json(&kind.body(additional_info)))
+}
+
+/// An error that is dltsub's own (no Sawtooth code fits): same envelope, HTTP status given.
+fn own_error(status: StatusCode, title: &str, message: &str) -> Response {
+    let body =
+        serde_json::json!({"error": {"code": status.as_u16(), "title": title, "message": message}});
+    json_response(status, to_json(&body))
+}
+
+fn link(headers: &HeaderMap, ids: &[&str]) -> String {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|host| host.to_str().ok())
+        .unwrap_or("localhost");
+    format!("http://{host}/batch_statuses?id={}", ids.join(","))
+}
+
+#[derive(Debug, Deserialize)]
+struct SubmitQuery {
+    service_id: Option<String>,
+}
+
+async fn submit(
+    State(state): State<ApiState>,
+    Query(query): Query<SubmitQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    if content_type != Some(OCTET_STREAM) {
+        return error(ErrorKind::SubmissionWrongContentType, "");
+    }
+    let list = match decode_batch_list(&body) {
+        Ok(list) => list,
+        Err(BatchListError::Decode(_)) => return error(ErrorKind::BadProtobufSubmitted, ""),
+        Err(BatchListError::Empty) => return error(ErrorKind::NoBatchesSubmitted, ""),
+        Err(_) => return error(ErrorKind::SubmittedBatchesInvalid, ""),
+    };
+    let service_id = query
+        .service_id
+        .unwrap_or_else(|| state.sawtooth_service_id.clone());
+    let batches: Vec<NewBatch> = list
+        .batches
+        .into_iter()
+        .map(|batch| NewBatch {
+            batch_id: batch.header_signature.clone(),
+            serialized_batch: BatchList {
+                batches: vec![batch],
+            }
+            .encode_to_vec(),
+        })
+        .collect();
+    match state.store.enqueue(&service_id, &batches).await {
+        Ok(accepted) => {
+            state.wakeup.wake();
+            let ids: Vec<&str> = accepted.iter().map(|b| b.batch_id.as_str()).collect();
+            let body = serde_json::json!({ "link": link(&headers, &ids) });
+            json_response(StatusCode::ACCEPTED, to_json(&body))
+        }
+        Err(StoreError::BatchConflict { batch_id, .. }) => own_error(
+            StatusCode::CONFLICT,
+            "Batch Conflict",
+            &format!("batch {batch_id} was already accepted with different bytes"),
+        ),
+        Err(StoreError::InvalidInput { field, problem }) => own_error(
+            StatusCode::BAD_REQUEST,
+            "Invalid Request",
+            &format!("invalid {field}: {problem}"),
+        ),
+        Err(store_error) => {
+            tracing::error!(error = %store_error, service.id = %service_id, "enqueue failed");
+            error(ErrorKind::ValidatorNotReady, "")
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct StatusQuery {
+    id: Option<String>,
+    wait: Option<String>,
+}
+
+/// Sawtooth's `wait`: absent or `false` means no wait; a number of seconds; anything else
+/// (a bare `?wait`) the default.
+fn wait_of(query: &StatusQuery) -> Duration {
+    match query.wait.as_deref() {
+        None | Some("false") => Duration::ZERO,
+        Some(text) => Duration::from_secs(text.parse().unwrap_or(DEFAULT_WAIT_SECS)),
+    }
+}
+
+async fn statuses_get(
+    State(state): State<ApiState>,
+    Query(query): Query<StatusQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let ids: Vec<String> = query
+        .id
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|id| !id.is_empty())
+        .map(str::to_string)
+        .collect();
+    if ids.is_empty() {
+        return error(ErrorKind::StatusIdQueryInvalid, "");
+    }
+    answer(&state, &ids, wait_of(&query), Some(&headers)).await
+}
+
+async fn statuses_post(
+    State(state): State<ApiState>,
+    Query(query): Query<StatusQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    if content_type != Some("application/json") {
+        return error(ErrorKind::StatusWrongContentType, "");
+    }
+    let ids: Vec<String> = match serde_json::from_slice(&body) {
+        Ok(ids) => ids,
+        Err(_) => return error(ErrorKind::StatusBodyInvalid, ""),
+    };
+    if ids.is_empty() {
+        return error(ErrorKind::StatusBodyInvalid, "");
+    }
+    // POSTed status requests carry no link, as on Sawtooth.
+    answer(&state, &ids, wait_of(&query), None).await
+}
+
+async fn answer(
+    state: &ApiState,
+    ids: &[String],
+    wait: Duration,
+    link_headers: Option<&HeaderMap>,
+) -> Response {
+    if let Some(bad) = ids
+        .iter()
+        .find(|id| !dltsub_wire::is_lowercase_batch_id(id))
+    {
+        return error(ErrorKind::InvalidResourceId, bad);
+    }
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let states = match states_after_wait(&state.store, None, &ids, wait).await {
+        Ok(states) => states,
+        Err(store_error) => {
+            tracing::error!(error = %store_error, "reading batch statuses failed");
+            return error(ErrorKind::ValidatorNotReady, "");
+        }
+    };
+    let by_id: HashMap<&str, &BatchState> =
+        states.iter().map(|s| (s.batch_id.as_str(), s)).collect();
+    let mut seen = HashSet::new();
+    let data = ids
+        .iter()
+        .filter(|id| seen.insert(**id))
+        .map(|id| sawtooth_status(id, by_id.get(id).copied()))
+        .collect();
+    let body = BatchStatuses {
+        data,
+        link: link_headers.map(|headers| link(headers, &ids)),
+    };
+    json_response(StatusCode::OK, to_json(&body))
+}
+
+/// dltsub's status as Sawtooth would report it: no VALID (it reads PENDING), everything
+/// not yet decided PENDING, unknown ids UNKNOWN.
+fn sawtooth_status(id: &str, state: Option<&BatchState>) -> SawtoothBatchStatus {
+    let (status, invalid_transactions) = match state.map(|s| s.status.as_str()) {
+        None => (BatchStatus::Unknown, Vec::new()),
+        Some("COMMITTED") => (BatchStatus::Committed, Vec::new()),
+        Some("INVALID") => (BatchStatus::Invalid, invalid_transactions(state)),
+        Some("CANCELLED") => (
+            BatchStatus::Invalid,
+            vec![InvalidTransaction {
+                extended_data: String::new(),
+                id: String::new(),
+                message: "cancelled by an operator before submission".into(),
+            }],
+        ),
+        Some(_) => (BatchStatus::Pending, Vec::new()),
+    };
+    SawtoothBatchStatus {
+        id: id.to_string(),
+        invalid_transactions,
+        status,
+    }
+}
+
+fn invalid_transactions(state: Option<&BatchState>) -> Vec<InvalidTransaction> {
+    let message = state
+        .and_then(|s| s.dlt_message.clone())
+        .unwrap_or_default();
+    if let Ok(list) = serde_json::from_str::<Vec<InvalidTransaction>>(&message)
+        && !list.is_empty()
+    {
+        return list;
+    }
+    vec![InvalidTransaction {
+        extended_data: String::new(),
+        id: String::new(),
+        message: if message.is_empty() {
+            "rejected by the ledger".into()
+        } else {
+            message
+        },
+    }]
+}
