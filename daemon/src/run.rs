@@ -89,7 +89,12 @@ pub async fn run(
                 base: config.retry_backoff_base,
                 max: config.retry_backoff_max,
             },
-            ids_per_request: 100,
+            // Scabbard puts the ids in the URL (129 bytes each): 50 keep it under the 8 KB
+            // many proxies allow. Sawtooth POSTs them above 15.
+            ids_per_request: match dialect {
+                Dialect::Scabbard => 50,
+                Dialect::Sawtooth => 100,
+            },
             concurrent_polls: 64,
             record_batch: 1_000,
         },
@@ -101,7 +106,8 @@ pub async fn run(
     let submit_stop = CancellationToken::new();
     let poll_stop = CancellationToken::new();
     let queuer_stop = CancellationToken::new();
-    let queuer_task = tokio::spawn(queuer.run(queuer_stop.clone()));
+    let queuer_drain = CancellationToken::new();
+    let queuer_task = tokio::spawn(queuer.run(queuer_drain.clone(), queuer_stop.clone()));
     let submitter_task = tokio::spawn(submitter.run(submit_stop.clone()));
     let observer_task = tokio::spawn(observer.run(results_rx, poll_stop.clone()));
     let api_stop = CancellationToken::new();
@@ -143,9 +149,15 @@ pub async fn run(
     // Stop taking batches first: the load balancer sees /readyz fail and the listener
     // closes after in-flight requests finish.
     draining.store(true, Ordering::SeqCst);
+    queuer_drain.cancel();
     api_stop.cancel();
-    if api_failure.is_none() {
-        let _ = (&mut api_task).await;
+    if api_failure.is_none()
+        && tokio::time::timeout(config.shutdown_timeout, &mut api_task)
+            .await
+            .is_err()
+    {
+        tracing::warn!("API requests still open after the drain timeout; closing them");
+        api_task.abort();
     }
     tracing::info!("shutting down: draining in-flight submissions");
     submit_stop.cancel();

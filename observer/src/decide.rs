@@ -29,10 +29,24 @@ impl Backoff {
 
 /// The transition after a POST of a batch. `retry_after` is the backoff should the batch
 /// go back to QUEUED: one delay for all batches of a POST, so they are retried together
-/// and in order.
-pub fn after_post(seq: i64, outcome: &PostOutcome, retry_after: Duration) -> Transition {
+/// and in order. `batches_in_post` > 1 means the batch went in a BatchList with others.
+pub fn after_post(
+    seq: i64,
+    outcome: &PostOutcome,
+    retry_after: Duration,
+    batches_in_post: usize,
+) -> Transition {
     let from = BatchStatus::Submitting;
     match outcome {
+        // A 400 on a list of several batches does not say which one is bad: retry each
+        // alone (the submitter sends retried batches one per POST) and let the ledger
+        // judge it.
+        PostOutcome::Rejected { message } if batches_in_post > 1 => {
+            let mut transition = Transition::new(seq, from, BatchStatus::Queued);
+            transition.retry_after = Some(Duration::ZERO);
+            transition.last_error = Some(format!("BatchList rejected; retrying alone: {message}"));
+            transition
+        }
         PostOutcome::Accepted => {
             let mut transition = Transition::new(seq, from, BatchStatus::Pending);
             transition.unknown_since = UnknownSince::Clear;
@@ -143,26 +157,31 @@ mod tests {
     fn post_outcomes_map_to_the_lifecycle() {
         let backoff = Duration::from_millis(300);
         assert_eq!(
-            after_post(1, &PostOutcome::Accepted, backoff).to,
+            after_post(1, &PostOutcome::Accepted, backoff, 1).to,
             BatchStatus::Pending
         );
         let rejected = PostOutcome::Rejected {
             message: "{\"code\":\"400\"}".into(),
         };
-        let invalid = after_post(1, &rejected, backoff);
+        let invalid = after_post(1, &rejected, backoff, 1);
+        assert_eq!(
+            after_post(1, &rejected, backoff, 3).to,
+            BatchStatus::Queued,
+            "in a list: retried alone"
+        );
         assert_eq!(invalid.to, BatchStatus::Invalid);
         assert_eq!(invalid.dlt_message.as_deref(), Some("{\"code\":\"400\"}"));
-        let retry = after_post(1, &PostOutcome::BackPressure { status: 429 }, backoff);
+        let retry = after_post(1, &PostOutcome::BackPressure { status: 429 }, backoff, 1);
         assert_eq!(retry.to, BatchStatus::Queued);
         assert_eq!(retry.retry_after, Some(backoff));
         let refused = PostOutcome::NotSent {
             error: "refused".into(),
         };
-        assert_eq!(after_post(1, &refused, backoff).to, BatchStatus::Queued);
+        assert_eq!(after_post(1, &refused, backoff, 1).to, BatchStatus::Queued);
         let timeout = PostOutcome::InDoubt {
             error: "timeout".into(),
         };
-        assert_eq!(after_post(1, &timeout, backoff).to, BatchStatus::InDoubt);
+        assert_eq!(after_post(1, &timeout, backoff, 1).to, BatchStatus::InDoubt);
     }
 
     #[test]

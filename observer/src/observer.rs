@@ -32,9 +32,6 @@ pub struct ObserverConfig {
     pub record_batch: usize,
 }
 
-/// Attempts to record one set of POST outcomes (about 30 s with the backoff).
-const RECORD_ATTEMPTS: u32 = 10;
-
 pub struct Observer {
     claims: ClaimsHandle,
     client: DltClient,
@@ -64,6 +61,7 @@ impl Observer {
         let poll_wakeup = std::sync::Arc::new(Notify::new());
         let recorder = Recorder {
             claims: self.claims.clone(),
+            shutdown: shutdown.clone(),
             config: self.config.clone(),
             submitter_wakeup: self.submitter_wakeup.clone(),
             poll_wakeup: poll_wakeup.clone(),
@@ -81,6 +79,7 @@ impl Observer {
 
 struct Recorder {
     claims: ClaimsHandle,
+    shutdown: CancellationToken,
     config: ObserverConfig,
     submitter_wakeup: Wakeup,
     poll_wakeup: std::sync::Arc<Notify>,
@@ -108,27 +107,37 @@ impl Recorder {
                     grouped
                         .entry(submission.claim.clone())
                         .or_default()
-                        .push(after_post(*seq, &submission.outcome, retry_after));
+                        .push(after_post(
+                            *seq,
+                            &submission.outcome,
+                            retry_after,
+                            submission.batches.len(),
+                        ));
                 }
             }
             let work: Vec<(HeldClaim, Vec<Transition>)> = grouped.into_iter().collect();
-            // A database error must not lose the outcome: retry with backoff. The batches
-            // stay SUBMITTING meanwhile, which also blocks a fast takeover. If the database
-            // stays away, give up: whoever holds the claim next finds them SUBMITTING,
-            // turns them IN_DOUBT and asks the ledger, so nothing is lost either way.
+            // A database error must not lose the outcome: retry with backoff for as long as
+            // the instance runs (the batches stay SUBMITTING meanwhile, which also blocks a
+            // fast takeover). Only at shutdown is it given up: the claims of services with
+            // SUBMITTING batches are not released, and whoever takes them after expiry
+            // turns those batches IN_DOUBT and asks the ledger — nothing is lost.
             let mut delay = Duration::from_millis(50);
-            for attempt in 1..=RECORD_ATTEMPTS {
+            loop {
                 match self.claims.apply_transitions(&work).await {
                     Ok(outcome) => {
                         count_transitions(&work, &outcome.applied);
                         break;
                     }
-                    Err(error) if attempt == RECORD_ATTEMPTS => {
-                        tracing::error!(%error, "recording POST outcomes failed; left to in-doubt resolution");
+                    Err(error) if self.shutdown.is_cancelled() => {
+                        tracing::error!(%error, "recording POST outcomes failed at shutdown; left to in-doubt resolution");
+                        break;
                     }
                     Err(error) => {
-                        tracing::warn!(%error, attempt, "recording POST outcomes failed; retrying");
-                        tokio::time::sleep(delay).await;
+                        tracing::warn!(%error, "recording POST outcomes failed; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = self.shutdown.cancelled() => {}
+                        }
                         delay = (delay * 2).min(Duration::from_secs(5));
                     }
                 }
@@ -162,6 +171,15 @@ struct Poller {
     poll_wakeup: std::sync::Arc<Notify>,
 }
 
+/// Which services have a status request in flight (by task, so a panicked task can be
+/// mapped back), and which wait before the next one after a failure.
+#[derive(Default)]
+struct Polling {
+    services: HashSet<String>,
+    by_task: HashMap<tokio::task::Id, String>,
+    retry_at: HashMap<String, tokio::time::Instant>,
+}
+
 /// One finished status request: the batches asked about and the ledger's answer.
 type PollResult = (
     String,
@@ -172,19 +190,35 @@ type PollResult = (
 impl Poller {
     async fn run(self, shutdown: CancellationToken) {
         let mut in_flight: JoinSet<PollResult> = JoinSet::new();
-        let mut polling: HashSet<String> = HashSet::new();
+        let mut polling = Polling::default();
         loop {
             if let Err(error) = self.start_polls(&mut in_flight, &mut polling).await {
                 tracing::warn!(%error, "reading batches to poll failed");
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                Some(done) = in_flight.join_next() => {
-                    if let Ok((service_id, batches, answer)) = done {
-                        polling.remove(&service_id);
+                Some(done) = in_flight.join_next_with_id() => match done {
+                    Ok((task, (service_id, batches, answer))) => {
+                        polling.by_task.remove(&task);
+                        polling.services.remove(&service_id);
+                        if answer.is_err() {
+                            // Don't hammer a failing ledger: this service waits a poll
+                            // interval; the others go on.
+                            polling.retry_at.insert(
+                                service_id,
+                                tokio::time::Instant::now() + self.config.poll_interval,
+                            );
+                        }
                         self.record(&batches, answer).await;
                     }
-                }
+                    Err(error) => {
+                        // A poll task that panicked must not leave its service unpolled.
+                        if let Some(service_id) = polling.by_task.remove(&error.id()) {
+                            polling.services.remove(&service_id);
+                        }
+                        tracing::error!(%error, "a status poll task failed");
+                    }
+                },
                 _ = self.poll_wakeup.notified() => {}
                 _ = tokio::time::sleep(self.config.poll_interval) => {}
             }
@@ -193,20 +227,24 @@ impl Poller {
     }
 
     /// Starts a status request for every service with waiting batches that has none in
-    /// flight, up to the concurrency limit.
+    /// flight (and is not waiting after a failure), up to the concurrency limit.
     async fn start_polls(
         &self,
         in_flight: &mut JoinSet<PollResult>,
-        polling: &mut HashSet<String>,
+        polling: &mut Polling,
     ) -> Result<(), dltsub_store::StoreError> {
         if in_flight.len() >= self.config.concurrent_polls {
             return Ok(());
         }
         let limit = self.config.ids_per_request * self.config.concurrent_polls;
         let batches = self.claims.pollable_batches(limit).await?;
+        let now = tokio::time::Instant::now();
+        polling.retry_at.retain(|_, at| *at > now);
         let mut by_service: BTreeMap<String, Vec<PollableBatch>> = BTreeMap::new();
         for batch in batches {
-            if !polling.contains(&batch.service_id) {
+            if !polling.services.contains(&batch.service_id)
+                && !polling.retry_at.contains_key(&batch.service_id)
+            {
                 let entry = by_service.entry(batch.service_id.clone()).or_default();
                 if entry.len() < self.config.ids_per_request {
                     entry.push(batch);
@@ -217,18 +255,20 @@ impl Poller {
             if in_flight.len() >= self.config.concurrent_polls {
                 break;
             }
-            polling.insert(service_id.clone());
+            polling.services.insert(service_id.clone());
             let client = self.client.clone();
             let wait = self.config.status_wait;
-            in_flight.spawn(async move {
+            let task_service = service_id.clone();
+            let handle = in_flight.spawn(async move {
                 let ids: Vec<String> = batches.iter().map(|b| b.batch_id.clone()).collect();
                 metrics::counter!(m::POLLS).increment(1);
                 let answer = client
-                    .batch_statuses(&service_id, &ids, Some(wait))
+                    .batch_statuses(&task_service, &ids, Some(wait))
                     .await
                     .map_err(|error| error.to_string());
-                (service_id, batches, answer)
+                (task_service, batches, answer)
             });
+            polling.by_task.insert(handle.id(), service_id);
         }
         Ok(())
     }
@@ -239,9 +279,6 @@ impl Poller {
             Err(error) => {
                 metrics::counter!(m::POLL_ERRORS).increment(1);
                 tracing::warn!(%error, "batch status request failed");
-                // Don't spin against a failing ledger: the next attempt comes with the
-                // poll interval.
-                tokio::time::sleep(self.config.poll_interval).await;
                 return;
             }
         };

@@ -245,10 +245,16 @@ impl Queuer {
     }
 
     /// Ticks every `renew_interval` (±10% jitter) until `shutdown` is cancelled, then
-    /// hands everything back. A failed tick is logged and retried on the next interval;
-    /// meanwhile the self-fencing deadline runs out and submissions stop by themselves.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    /// hands everything back. Once `drain` is cancelled the instance is draining: it keeps
+    /// renewing what it holds (its in-flight work must finish under a valid claim) but
+    /// acquires nothing, takes no service over and gives up leading. A failed tick is
+    /// logged and retried on the next interval; meanwhile the self-fencing deadline runs
+    /// out and submissions stop by themselves.
+    pub async fn run(mut self, drain: CancellationToken, shutdown: CancellationToken) {
         loop {
+            if drain.is_cancelled() {
+                self.state = InstanceState::Draining;
+            }
             match self.tick().await {
                 Ok(report) => {
                     if !report.acquired.is_empty() || !report.released.is_empty() {
@@ -266,6 +272,8 @@ impl Queuer {
             let pause = jittered(self.config.renew_interval);
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                // Tick at once when draining starts, so the registry says so.
+                _ = drain.cancelled(), if self.state == InstanceState::Running => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         }

@@ -13,8 +13,10 @@
 //! snapshot and our lock is re-checked against its new expiry. One gap remains at the
 //! database level: a holder might mark a batch SUBMITTING after our snapshot and before our
 //! lock. That mark is itself refused unless the holder's claim is inside its fast expiry
-//! (see `fencing.rs`), and a claim is only fast-path takeable past it, so the two cannot
-//! both succeed.
+//! (see `submission.rs`), and a claim is only fast-path takeable past it, so the two cannot
+//! both succeed. Release needs no such argument: the tick's renewal has already locked all
+//! my rows, so a mark of mine either committed before (and a later statement sees it) or
+//! waits for the tick to end.
 
 use std::time::Duration;
 
@@ -183,6 +185,15 @@ UPDATE service_id_claims
         LIMIT $6 {lock})
 RETURNING service_id, epoch";
 
+const RENEW_SQL: &str = "\
+UPDATE service_id_claims
+   SET fast_expiry_us = $1 + $2, slow_expiry_us = $1 + $3
+ WHERE service_id IN (
+       SELECT service_id FROM service_id_claims
+        WHERE claimant = $4
+        ORDER BY service_id {lock})
+RETURNING service_id, epoch";
+
 const RELEASE_IDLE_SQL: &str = "\
 UPDATE service_id_claims
    SET claimant = NULL, fast_expiry_us = 0, slow_expiry_us = 0
@@ -309,17 +320,21 @@ impl Store {
                     state: InstanceState::Running,
                 })
                 .collect();
-            let mut held: Vec<HeldClaim> = diesel::update(service_id_claims::table)
-                .filter(service_id_claims::claimant.eq(&me.instance_id))
-                .set((
-                    service_id_claims::fast_expiry_us.eq(now_us + fast),
-                    service_id_claims::slow_expiry_us.eq(now_us + slow),
-                ))
-                .returning((service_id_claims::service_id, service_id_claims::epoch))
-                .get_results::<(String, i64)>(conn)
+            // Renewal locks my rows in service_id order, the order fenced writes take their
+            // FOR SHARE locks in, so the two never deadlock.
+            let sql = RENEW_SQL.replace("{lock}", conn.claim_lock_in_order());
+            let mut held: Vec<HeldClaim> = diesel::sql_query(sql)
+                .bind::<BigInt, _>(now_us)
+                .bind::<BigInt, _>(fast)
+                .bind::<BigInt, _>(slow)
+                .bind::<Text, _>(&me.instance_id)
+                .load::<ClaimRow>(conn)
                 .await?
                 .into_iter()
-                .map(|(service_id, epoch)| HeldClaim { service_id, epoch })
+                .map(|row| HeldClaim {
+                    service_id: row.service_id,
+                    epoch: row.epoch,
+                })
                 .collect();
             let claimable_services: i64 = service_id_claims::table.count().get_result(conn).await?;
 
@@ -373,6 +388,14 @@ impl Store {
             let mut in_doubt = Vec::new();
             for chunk in acquired.chunks(1_000) {
                 let services: Vec<&str> = chunk.iter().map(|c| c.service_id.as_str()).collect();
+                // A run of Unknown answers seen by the previous holder is not evidence for
+                // the new one: the grace period starts over with its own polls.
+                diesel::update(batch_statuses::table)
+                    .filter(batch_statuses::service_id.eq_any(&services))
+                    .filter(batch_statuses::unknown_since_us.is_not_null())
+                    .set(batch_statuses::unknown_since_us.eq(None::<i64>))
+                    .execute(conn)
+                    .await?;
                 let moved: Vec<(i64, String)> = diesel::update(batch_statuses::table)
                     .filter(batch_statuses::service_id.eq_any(&services))
                     .filter(batch_statuses::status.eq(BatchStatus::Submitting.as_str()))

@@ -20,6 +20,10 @@ pub(crate) trait Dialect: Send {
     /// them and skips rows another transaction holds; SQLite has one writer at a time.
     fn row_lock_clause(&self) -> &'static str;
 
+    /// Appended to a subselect ordered by service_id that picks my own claim rows: locks
+    /// them in that order on PostgreSQL.
+    fn claim_lock_in_order(&self) -> &'static str;
+
     /// Serialises enqueues into the given services until the transaction ends, so that a
     /// service's batches receive `seq` values in commit order: a reader that sees seq n of a
     /// service has already been able to see every smaller seq of it.
@@ -58,6 +62,14 @@ pub(crate) trait Dialect: Send {
 /// The unfinished statuses, in the exact words of the partial index `batch_statuses_active`
 /// so that PostgreSQL can use it.
 const ACTIVE_STATUSES: &str = "('QUEUED', 'SUBMITTING', 'PENDING', 'VALID', 'IN_DOUBT')";
+
+/// An earlier batch `e` of the service that keeps later ones from being submitted: one whose
+/// POST may still be under way or whose fate is unknown (SUBMITTING, IN_DOUBT) — so a
+/// service has at most one POST in flight, and a 429 or a lost answer can never let a later
+/// batch overtake it — or one waiting out a retry backoff. Behind PENDING and VALID batches
+/// (the ledger has them, in order) later ones may go.
+const BLOCKS_LATER: &str = "(e.status IN ('SUBMITTING', 'IN_DOUBT') \
+     OR (e.status = 'QUEUED' AND e.next_attempt_at_us > $2))";
 
 #[derive(QueryableByName)]
 struct HeldClaimRow {
@@ -103,6 +115,10 @@ impl Dialect for PgConn {
         "FOR UPDATE SKIP LOCKED"
     }
 
+    fn claim_lock_in_order(&self) -> &'static str {
+        "FOR UPDATE"
+    }
+
     async fn lock_held_claims(
         &mut self,
         instance_id: &str,
@@ -139,8 +155,8 @@ impl Dialect for PgConn {
               WHERE c.claimant = $1 AND NOT s.paused \
                 AND w.status = 'QUEUED' AND w.next_attempt_at_us <= $2 \
                 AND NOT EXISTS (SELECT 1 FROM batch_statuses e \
-                     WHERE e.service_id = c.service_id AND e.status = 'QUEUED' \
-                       AND e.seq < w.seq AND e.next_attempt_at_us > $2) \
+                     WHERE e.service_id = c.service_id AND e.status IN {ACTIVE_STATUSES} \
+                       AND e.seq < w.seq AND {BLOCKS_LATER}) \
               ORDER BY w.seq LIMIT $3"
         );
         diesel::sql_query(sql)
@@ -223,6 +239,10 @@ impl Dialect for SqliteConn {
         ""
     }
 
+    fn claim_lock_in_order(&self) -> &'static str {
+        ""
+    }
+
     async fn lock_held_claims(
         &mut self,
         instance_id: &str,
@@ -256,8 +276,8 @@ impl Dialect for SqliteConn {
                       WHERE z.service_id = c.service_id AND z.status IN {ACTIVE_STATUSES} \
                         AND z.seq < bs.seq) < s.max_in_flight \
                 AND NOT EXISTS (SELECT 1 FROM batch_statuses e \
-                     WHERE e.service_id = c.service_id AND e.status = 'QUEUED' \
-                       AND e.seq < bs.seq AND e.next_attempt_at_us > $2) \
+                     WHERE e.service_id = c.service_id AND e.status IN {ACTIVE_STATUSES} \
+                       AND e.seq < bs.seq AND {BLOCKS_LATER}) \
               ORDER BY bs.seq LIMIT $3"
         );
         diesel::sql_query(sql)

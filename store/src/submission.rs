@@ -63,9 +63,9 @@ impl Store {
     /// The batches `instance_id` may submit now, oldest first, at most `limit`: of every
     /// service it holds and that is not paused, the batches among the first
     /// `max_in_flight` unfinished ones (in `seq` order) that are QUEUED and past their
-    /// backoff, and behind no earlier QUEUED batch still in backoff — a batch never
-    /// overtakes an earlier one of its service that waits to be retried. One statement for
-    /// all held services.
+    /// backoff, and behind no earlier batch that is SUBMITTING, IN_DOUBT or waiting out a
+    /// backoff — a batch never overtakes an earlier one whose POST may be under way or must
+    /// be retried. One statement for all held services.
     pub async fn select_submittable(
         &self,
         instance_id: &str,

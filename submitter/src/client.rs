@@ -193,6 +193,14 @@ impl DltClient {
                     status: status.as_u16(),
                 }
             }
+            // Any other 4xx (404, 401, 403, 413, 415, …) is a definite refusal of the
+            // request, not of the batches: nothing was taken, retry later (alone).
+            other if other.is_client_error() => PostOutcome::NotSent {
+                error: format!(
+                    "ledger refused the request: {other}: {}",
+                    truncate(&body, 500)
+                ),
+            },
             other => PostOutcome::InDoubt {
                 error: format!("ledger answered {other}: {}", truncate(&body, 500)),
             },

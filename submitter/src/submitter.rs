@@ -140,6 +140,17 @@ impl Submitter {
             };
             groups.entry(claim).or_default().push(batch);
         }
+        // A batch submitted before goes alone (a 400 on a list says nothing about which
+        // batch was bad; a 413 needs a smaller list); fresh ones go together. The rest of
+        // the service waits for the next round, behind it.
+        for batches in groups.values_mut() {
+            let keep = if batches[0].attempts > 0 {
+                1
+            } else {
+                batches.iter().take_while(|b| b.attempts == 0).count()
+            };
+            batches.truncate(keep);
+        }
         let marks: Vec<(HeldClaim, Vec<i64>)> = groups
             .iter()
             .map(|(claim, batches)| (claim.clone(), batches.iter().map(|b| b.seq).collect()))

@@ -64,15 +64,17 @@ pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 /// The states of `ids`, re-read until every one is final in dltsub (COMMITTED, INVALID,
 /// CANCELLED) or `wait` has passed — the ledgers' `wait` semantics, answered from the
 /// database.
+/// A wait also ends when the instance starts draining, so shutdown is not held up by
+/// long polls.
 async fn states_after_wait(
-    store: &Store,
+    state: &ApiState,
     service_id: Option<&str>,
     ids: &[&str],
     wait: std::time::Duration,
 ) -> Result<Vec<dltsub_store::BatchState>, dltsub_store::StoreError> {
     let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
     loop {
-        let states = store.batch_states(service_id, ids).await?;
+        let states = state.store.batch_states(service_id, ids).await?;
         let all_final = ids.iter().all(|id| {
             states.iter().any(|state| {
                 state.batch_id == *id
@@ -82,7 +84,8 @@ async fn states_after_wait(
                         .is_ok_and(|status| status.is_terminal())
             })
         });
-        if all_final || tokio::time::Instant::now() >= deadline {
+        let draining = state.draining.load(std::sync::atomic::Ordering::SeqCst);
+        if all_final || draining || tokio::time::Instant::now() >= deadline {
             return Ok(states);
         }
         tokio::time::sleep(WAIT_POLL).await;

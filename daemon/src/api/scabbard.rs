@@ -126,7 +126,7 @@ async fn statuses(
         },
     };
     let service_id = format!("{circuit}::{service}");
-    match states_after_wait(&state.store, Some(&service_id), &ids, wait).await {
+    match states_after_wait(&state, Some(&service_id), &ids, wait).await {
         Ok(states) => (StatusCode::OK, Json(answer(&ids, &states))).into_response(),
         Err(store_error) => {
             tracing::error!(error = %store_error, "reading batch statuses failed");

@@ -1,0 +1,2 @@
+DROP INDEX batch_statuses_awaiting_verdict;
+DROP INDEX batch_statuses_submitting;
