@@ -183,7 +183,7 @@ async fn answer(
         return error(ErrorKind::InvalidResourceId, bad);
     }
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let states = match states_after_wait(&state, None, &ids, wait).await {
+    let states = match states_after_wait(state, None, &ids, wait).await {
         Ok(states) => states,
         Err(store_error) => {
             tracing::error!(error = %store_error, "reading batch statuses failed");
