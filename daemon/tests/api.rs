@@ -61,17 +61,9 @@ fn list(batches: Vec<Batch>) -> Vec<u8> {
 }
 
 impl Api {
+    /// POSTs as Hyperledger Transact's scabbard client does (`Content-Type: octet-stream`).
     async fn post(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("Content-Type", "octet-stream")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        self.post_as(path, "octet-stream", body).await
     }
 
     async fn get(&self, path: &str) -> (u16, Value) {

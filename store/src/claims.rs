@@ -160,6 +160,15 @@ struct ClaimRow {
     epoch: i64,
 }
 
+impl From<ClaimRow> for HeldClaim {
+    fn from(row: ClaimRow) -> Self {
+        HeldClaim {
+            service_id: row.service_id,
+            epoch: row.epoch,
+        }
+    }
+}
+
 #[derive(QueryableByName)]
 struct ServiceIdRow {
     #[diesel(sql_type = Text)]
@@ -331,10 +340,7 @@ impl Store {
                 .load::<ClaimRow>(conn)
                 .await?
                 .into_iter()
-                .map(|row| HeldClaim {
-                    service_id: row.service_id,
-                    epoch: row.epoch,
-                })
+                .map(HeldClaim::from)
                 .collect();
             let claimable_services: i64 = service_id_claims::table.count().get_result(conn).await?;
 
@@ -375,10 +381,7 @@ impl Store {
                     .load::<ClaimRow>(conn)
                     .await?
                     .into_iter()
-                    .map(|row| HeldClaim {
-                        service_id: row.service_id,
-                        epoch: row.epoch,
-                    })
+                    .map(HeldClaim::from)
                     .collect();
                 held.extend(acquired.iter().cloned());
             }

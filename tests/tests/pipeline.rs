@@ -9,6 +9,17 @@ use dltsub_store::backend_tests;
 use dltsub_store::testing::TestBackend;
 use dltsub_tests::{Cluster, wait_for};
 
+/// On a ledger shared by several services (Sawtooth's one ledger), each service's batches
+/// appear in the order they were accepted.
+fn assert_each_service_in_order(ledger: &[String], accepted: &BTreeMap<String, Vec<String>>) {
+    for (service, ids) in accepted {
+        let wanted: HashSet<&String> = ids.iter().collect();
+        let order: Vec<&String> = ledger.iter().filter(|id| wanted.contains(id)).collect();
+        let expected: Vec<&String> = ids.iter().collect();
+        assert_eq!(order, expected, "ledger order of {service}");
+    }
+}
+
 /// How often devnet saw each batch id in a POST (whatever it answered).
 fn posts_per_batch(cluster: &Cluster) -> HashMap<String, usize> {
     count_posts(cluster, |_| true)
@@ -146,15 +157,7 @@ async fn back_pressure_storm_loses_nothing(backend: TestBackend) {
         .control()
         .committed(dltsub_devnet::SAWTOOTH_LEDGER);
     assert_eq!(ledger.len(), 100, "every batch on the ledger once");
-    for (service, ids) in &accepted {
-        let wanted: HashSet<&String> = ids.iter().collect();
-        let order: Vec<String> = ledger
-            .iter()
-            .filter(|id| wanted.contains(id))
-            .cloned()
-            .collect();
-        assert_eq!(&order, ids, "ledger order of {service}");
-    }
+    assert_each_service_in_order(&ledger, &accepted);
     let stats = cluster.devnet.control().stats();
     let duplicates: u64 = stats.ledgers.values().map(|l| l.duplicates).sum();
     assert_eq!(duplicates, 0);
@@ -357,15 +360,7 @@ async fn sawtooth_with_many_in_flight_per_service(backend: TestBackend) {
         .control()
         .committed(dltsub_devnet::SAWTOOTH_LEDGER);
     assert_eq!(ledger.len(), 120, "every batch on the ledger once");
-    for (service, ids) in &accepted {
-        let wanted: HashSet<&String> = ids.iter().collect();
-        let order: Vec<String> = ledger
-            .iter()
-            .filter(|id| wanted.contains(id))
-            .cloned()
-            .collect();
-        assert_eq!(&order, ids, "ledger order of {service}");
-    }
+    assert_each_service_in_order(&ledger, &accepted);
     let posts = cluster.devnet.control().posts();
     let largest = posts
         .entries

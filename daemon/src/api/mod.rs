@@ -91,3 +91,19 @@ async fn states_after_wait(
         tokio::time::sleep(WAIT_POLL).await;
     }
 }
+
+/// Each batch of a POSTed list, stored as a BatchList of its own: what dltsub POSTs to the
+/// ledger, alone or concatenated with the next ones of its service.
+fn one_list_per_batch(list: dltsub_wire::BatchList) -> Vec<dltsub_store::NewBatch> {
+    use prost::Message;
+    list.batches
+        .into_iter()
+        .map(|batch| dltsub_store::NewBatch {
+            batch_id: batch.header_signature.clone(),
+            serialized_batch: dltsub_wire::BatchList {
+                batches: vec![batch],
+            }
+            .encode_to_vec(),
+        })
+        .collect()
+}

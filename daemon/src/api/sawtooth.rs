@@ -12,15 +12,14 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use dltsub_store::{BatchState, NewBatch, StoreError};
+use dltsub_store::{BatchState, StoreError};
 use dltsub_wire::sawtooth::{
     BatchStatuses, DEFAULT_WAIT_SECS, ErrorKind, InvalidTransaction, SawtoothBatchStatus, to_json,
 };
-use dltsub_wire::{BatchList, BatchListError, BatchStatus, OCTET_STREAM, decode_batch_list};
-use prost::Message;
+use dltsub_wire::{BatchListError, BatchStatus, OCTET_STREAM, decode_batch_list};
 use serde::Deserialize;
 
-use super::{ApiState, states_after_wait};
+use super::{ApiState, one_list_per_batch, states_after_wait};
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -78,17 +77,7 @@ async fn submit(
     let service_id = query
         .service_id
         .unwrap_or_else(|| state.sawtooth_service_id.clone());
-    let batches: Vec<NewBatch> = list
-        .batches
-        .into_iter()
-        .map(|batch| NewBatch {
-            batch_id: batch.header_signature.clone(),
-            serialized_batch: BatchList {
-                batches: vec![batch],
-            }
-            .encode_to_vec(),
-        })
-        .collect();
+    let batches = one_list_per_batch(list);
     match state.store.enqueue(&service_id, &batches).await {
         Ok(accepted) => {
             state.wakeup.wake();

@@ -13,17 +13,16 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use dltsub_store::{BatchState, NewBatch, StoreError};
+use dltsub_store::{BatchState, StoreError};
 use dltsub_wire::scabbard::{
     MSG_INVALID_QUERY, MSG_NO_IDS, MSG_NO_VALID_BATCHES, MSG_NOT_A_BATCH_LIST, ScabbardBatchInfo,
     ScabbardError, ScabbardInvalidTransaction, ScabbardStatus, ScabbardTimestamp,
     ScabbardValidTransaction, batch_statuses_link,
 };
-use dltsub_wire::{BatchList, BatchListError, decode_batch_list};
-use prost::Message;
+use dltsub_wire::{BatchListError, decode_batch_list};
 use serde::Deserialize;
 
-use super::{ApiState, states_after_wait};
+use super::{ApiState, one_list_per_batch, states_after_wait};
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -55,19 +54,7 @@ async fn submit(
         Err(_) => return error(StatusCode::BAD_REQUEST, MSG_NO_VALID_BATCHES),
     };
     let service_id = format!("{circuit}::{service}");
-    // Each batch is stored as a BatchList of its own: what is POSTed to the ledger, alone
-    // or concatenated with the next ones of its service.
-    let batches: Vec<NewBatch> = list
-        .batches
-        .into_iter()
-        .map(|batch| NewBatch {
-            batch_id: batch.header_signature.clone(),
-            serialized_batch: BatchList {
-                batches: vec![batch],
-            }
-            .encode_to_vec(),
-        })
-        .collect();
+    let batches = one_list_per_batch(list);
     match state.store.enqueue(&service_id, &batches).await {
         Ok(accepted) => {
             state.wakeup.wake();
