@@ -8,7 +8,7 @@ use anyhow::Context;
 use dltsub_observer::{Backoff, Observer, ObserverConfig};
 use dltsub_queuer::{Queuer, QueuerConfig, this_instance};
 use dltsub_store::Store;
-use dltsub_submitter::{Dialect, DltClient, Submitter, SubmitterConfig, Wakeup};
+use dltsub_submitter::{Dialect, DltClient, InFlight, Submitter, SubmitterConfig, Wakeup};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -66,6 +66,7 @@ pub async fn run(
     let client = DltClient::new(config.dlt_url.clone(), dialect, config.dlt_request_timeout)
         .context("building the ledger client")?;
     let wakeup = Wakeup::default();
+    let in_flight = InFlight::default();
     let (results_tx, results_rx) = mpsc::channel(RESULTS_CHANNEL);
     let submitter = Submitter::new(
         claims.clone(),
@@ -77,6 +78,7 @@ pub async fn run(
         },
         wakeup.clone(),
         results_tx,
+        in_flight.clone(),
     );
     let observer = Observer::new(
         claims,
@@ -97,8 +99,12 @@ pub async fn run(
             },
             concurrent_polls: 64,
             record_batch: 1_000,
+            // Twice the longest a POST may take: a batch still SUBMITTING with nothing of it
+            // in this process by then was lost track of.
+            stranded_after: config.dlt_request_timeout * 2,
         },
         wakeup.clone(),
+        in_flight,
     );
 
     // Shutdown runs in order: stop starting POSTs and drain them, record their outcomes,

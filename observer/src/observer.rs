@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dltsub_queuer::ClaimsHandle;
 use dltsub_store::{BatchStatus, HeldClaim, PollableBatch, Transition};
-use dltsub_submitter::{DltClient, LedgerStatus, Submission, Wakeup};
+use dltsub_submitter::{DltClient, InFlight, LedgerStatus, Submission, Wakeup};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +30,9 @@ pub struct ObserverConfig {
     pub concurrent_polls: usize,
     /// Most POST outcomes recorded in one transaction.
     pub record_batch: usize,
+    /// An own SUBMITTING batch with no POST or unrecorded outcome in this process for this
+    /// long is stranded: it is turned IN_DOUBT and the ledger asked (checked as often).
+    pub stranded_after: Duration,
 }
 
 pub struct Observer {
@@ -37,6 +40,7 @@ pub struct Observer {
     client: DltClient,
     config: ObserverConfig,
     submitter_wakeup: Wakeup,
+    in_flight: InFlight,
 }
 
 impl Observer {
@@ -45,12 +49,14 @@ impl Observer {
         client: DltClient,
         config: ObserverConfig,
         submitter_wakeup: Wakeup,
+        in_flight: InFlight,
     ) -> Self {
         Self {
             claims,
             client,
             config,
             submitter_wakeup,
+            in_flight,
         }
     }
 
@@ -62,11 +68,13 @@ impl Observer {
         let recorder = Recorder {
             claims: self.claims.clone(),
             shutdown: shutdown.clone(),
+            in_flight: self.in_flight.clone(),
             config: self.config.clone(),
             submitter_wakeup: self.submitter_wakeup.clone(),
             poll_wakeup: poll_wakeup.clone(),
         };
         let poller = Poller {
+            in_flight: self.in_flight,
             claims: self.claims,
             client: self.client,
             config: self.config,
@@ -80,6 +88,7 @@ impl Observer {
 struct Recorder {
     claims: ClaimsHandle,
     shutdown: CancellationToken,
+    in_flight: InFlight,
     config: ObserverConfig,
     submitter_wakeup: Wakeup,
     poll_wakeup: std::sync::Arc<Notify>,
@@ -142,6 +151,12 @@ impl Recorder {
                     }
                 }
             }
+            // Recorded, or left to the sweep at shutdown: no longer this process's business.
+            self.in_flight.remove(
+                submissions
+                    .iter()
+                    .flat_map(|submission| submission.batches.iter().map(|(seq, _, _)| *seq)),
+            );
             if work
                 .iter()
                 .flat_map(|(_, t)| t)
@@ -164,6 +179,7 @@ fn count_transitions(work: &[(HeldClaim, Vec<Transition>)], applied: &[i64]) {
 }
 
 struct Poller {
+    in_flight: InFlight,
     claims: ClaimsHandle,
     client: DltClient,
     config: ObserverConfig,
@@ -191,7 +207,12 @@ impl Poller {
     async fn run(self, shutdown: CancellationToken) {
         let mut in_flight: JoinSet<PollResult> = JoinSet::new();
         let mut polling = Polling::default();
+        let mut next_sweep = tokio::time::Instant::now() + self.config.stranded_after;
         loop {
+            if tokio::time::Instant::now() >= next_sweep {
+                next_sweep = tokio::time::Instant::now() + self.config.stranded_after;
+                self.sweep_stranded().await;
+            }
             if let Err(error) = self.start_polls(&mut in_flight, &mut polling).await {
                 tracing::warn!(%error, "reading batches to poll failed");
             }
@@ -224,6 +245,27 @@ impl Poller {
             }
         }
         in_flight.abort_all();
+    }
+
+    /// Turns own SUBMITTING batches this process lost track of IN_DOUBT, so they are
+    /// resolved by asking the ledger instead of blocking their service.
+    async fn sweep_stranded(&self) {
+        let local = self.in_flight.snapshot();
+        match self
+            .claims
+            .sweep_stranded_submitting(self.config.stranded_after, &local)
+            .await
+        {
+            Ok(swept) if !swept.is_empty() => {
+                tracing::warn!(
+                    count = swept.len(),
+                    "stranded SUBMITTING batches turned IN_DOUBT: {swept:?}"
+                );
+                self.poll_wakeup.notify_one();
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "sweeping stranded SUBMITTING batches failed"),
+        }
     }
 
     /// Starts a status request for every service with waiting batches that has none in

@@ -367,6 +367,18 @@ impl ClaimsHandle {
         self.store.pollable_batches(&self.instance_id, limit).await
     }
 
+    /// Turns this instance's stranded SUBMITTING batches IN_DOUBT (see
+    /// `Store::sweep_stranded_submitting`).
+    pub async fn sweep_stranded_submitting(
+        &self,
+        older_than: std::time::Duration,
+        in_flight: &[i64],
+    ) -> Result<Vec<i64>, StoreError> {
+        self.store
+            .sweep_stranded_submitting(&self.instance_id, older_than, in_flight)
+            .await
+    }
+
     /// Stops all work on claims a fenced write found lost.
     pub fn forget_lost(&self, lost: &[HeldClaim]) {
         if lost.is_empty() {

@@ -326,3 +326,56 @@ impl Store {
         Ok(states)
     }
 }
+
+impl Store {
+    /// Turns `instance_id`'s own SUBMITTING batches that are older than `older_than` and not
+    /// in `in_flight` (the seqs it still has a POST or an unrecorded outcome for) IN_DOUBT,
+    /// for services it still holds: their outcome was lost inside this process (a database
+    /// error while recording, a lost commit acknowledgement), and the ledger must be asked.
+    /// Without this such a batch would block its service until the instance exits.
+    pub async fn sweep_stranded_submitting(
+        &self,
+        instance_id: &str,
+        older_than: Duration,
+        in_flight: &[i64],
+    ) -> Result<Vec<i64>, StoreError> {
+        use crate::schema::{batch_statuses, service_id_claims};
+        let now = self.now();
+        let age = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        write_transaction!(self, |conn| {
+            let now_us: i64 = diesel::select(now).get_result(conn).await?;
+            let held = service_id_claims::table
+                .filter(service_id_claims::claimant.eq(instance_id))
+                .select(service_id_claims::service_id);
+            let mut swept: Vec<i64> = diesel::update(batch_statuses::table)
+                .filter(batch_statuses::status.eq(BatchStatus::Submitting.as_str()))
+                .filter(batch_statuses::submitted_by.eq(instance_id))
+                .filter(batch_statuses::updated_at_us.le(now_us.saturating_sub(age)))
+                .filter(batch_statuses::service_id.eq_any(held))
+                .filter(diesel::dsl::not(batch_statuses::seq.eq_any(in_flight)))
+                .set((
+                    batch_statuses::status.eq(BatchStatus::InDoubt.as_str()),
+                    batch_statuses::updated_at_us.eq(now_us),
+                    batch_statuses::last_error.eq("outcome lost inside the submitting instance"),
+                ))
+                .returning(batch_statuses::seq)
+                .get_results(conn)
+                .await?;
+            swept.sort_unstable();
+            let events: Vec<NewEventRow<'_>> = swept
+                .iter()
+                .map(|seq| NewEventRow {
+                    seq: *seq,
+                    old_status: Some(BatchStatus::Submitting.as_str()),
+                    new_status: BatchStatus::InDoubt.as_str(),
+                    epoch: None,
+                    instance_id: Some(instance_id),
+                    detail: Some("stranded SUBMITTING swept"),
+                    at_us: now_us,
+                })
+                .collect();
+            conn.insert_events(&events).await?;
+            Ok(swept)
+        })
+    }
+}

@@ -265,7 +265,45 @@ async fn many_transitions_in_one_call(backend: TestBackend) {
     );
 }
 
+/// A SUBMITTING batch its instance lost track of is turned IN_DOUBT once old enough —
+/// unless the instance still has it in flight, or no longer holds the service.
+async fn stranded_submitting_is_swept(backend: TestBackend) {
+    let (database, store, _claim, seqs) = setup(backend).await;
+    let threshold = Duration::from_secs(20);
+    let swept = store
+        .sweep_stranded_submitting("a", threshold, &[])
+        .await
+        .unwrap();
+    assert!(swept.is_empty(), "too young to be stranded");
+    database
+        .options
+        .clock_offset
+        .advance(Duration::from_secs(21));
+    // Keep the claim (renew), as a live instance does.
+    take_all(&store, "a").await;
+    let swept = store
+        .sweep_stranded_submitting("a", threshold, &[seqs[0]])
+        .await
+        .unwrap();
+    assert_eq!(
+        swept,
+        vec![seqs[1], seqs[2]],
+        "the one still in flight is left alone"
+    );
+    assert_eq!(status_of(&store, seqs[0]).await, "SUBMITTING");
+    assert_eq!(status_of(&store, seqs[1]).await, "IN_DOUBT");
+    let other = store
+        .sweep_stranded_submitting("b", threshold, &[])
+        .await
+        .unwrap();
+    assert!(
+        other.is_empty(),
+        "only the submitting instance sweeps its own batches"
+    );
+}
+
 backend_tests!(
+    stranded_submitting_is_swept,
     transitions_apply_with_message_and_backoff,
     transition_guarded_by_current_status,
     transitions_of_a_lost_claim_are_refused,

@@ -5,4 +5,4 @@ pub mod metrics;
 mod submitter;
 
 pub use client::{ClientError, Dialect, DltClient, LedgerState, LedgerStatus, PostOutcome};
-pub use submitter::{Submission, Submitter, SubmitterConfig, Wakeup};
+pub use submitter::{InFlight, Submission, Submitter, SubmitterConfig, Wakeup};

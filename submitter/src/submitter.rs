@@ -34,6 +34,37 @@ impl Wakeup {
     }
 }
 
+/// The seqs this instance has marked SUBMITTING and whose outcome is not recorded yet: the
+/// submitter adds them, the observer removes them once recorded. Anything SUBMITTING by
+/// this instance and not in here for long was stranded (see the observer's sweep).
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<std::sync::Mutex<std::collections::HashSet<i64>>>);
+
+impl InFlight {
+    pub fn add(&self, seqs: impl IntoIterator<Item = i64>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(seqs);
+    }
+
+    pub fn remove(&self, seqs: impl IntoIterator<Item = i64>) {
+        let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for seq in seqs {
+            set.remove(&seq);
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<i64> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
 /// The outcome of one POST (one or more batches of one service), for the observer.
 #[derive(Debug, Clone)]
 pub struct Submission {
@@ -59,6 +90,7 @@ pub struct Submitter {
     config: SubmitterConfig,
     wakeup: Wakeup,
     results: mpsc::Sender<Submission>,
+    in_flight: InFlight,
 }
 
 impl Submitter {
@@ -68,6 +100,7 @@ impl Submitter {
         config: SubmitterConfig,
         wakeup: Wakeup,
         results: mpsc::Sender<Submission>,
+        in_flight: InFlight,
     ) -> Self {
         Self {
             claims,
@@ -75,6 +108,7 @@ impl Submitter {
             config,
             wakeup,
             results,
+            in_flight,
         }
     }
 
@@ -156,6 +190,7 @@ impl Submitter {
             .map(|(claim, batches)| (claim.clone(), batches.iter().map(|b| b.seq).collect()))
             .collect();
         let marked = self.claims.mark_submitting(&marks).await?;
+        self.in_flight.add(marked.applied.iter().copied());
         let applied: std::collections::HashSet<i64> = marked.applied.iter().copied().collect();
         let mut started = 0;
         for (claim, batches) in groups {
