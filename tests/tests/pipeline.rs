@@ -381,7 +381,77 @@ async fn sawtooth_with_many_in_flight_per_service(backend: TestBackend) {
     a.stop().await;
 }
 
+/// SIGTERM under load: the stopping instance finishes within its drain bound, loses
+/// nothing, and the other instance takes the released services over on its next tick —
+/// seconds before the fast expiry would have let it.
+async fn graceful_stop_hands_services_over_at_once(backend: TestBackend) {
+    let mut cluster = Cluster::scabbard(backend).await;
+    cluster
+        .devnet
+        .control()
+        .update_faults(&FaultsPatch {
+            commit_latency: Some("50ms".parse().unwrap()),
+            ..FaultsPatch::default()
+        })
+        .unwrap();
+    cluster.set("fast_expiry", "8s");
+    cluster.set("slow_expiry", "24s");
+    cluster.set("renew_interval", "1s");
+    for service in 0..10u64 {
+        cluster
+            .enqueue(&format!("circuit::s{service}"), service * 100, 30, &[])
+            .await;
+    }
+    let mut a = cluster.start_instance();
+    let mut b = cluster.start_instance();
+    let holders = || async {
+        let claims = cluster.store.claims().await.unwrap();
+        claims
+            .iter()
+            .filter_map(|c| c.claimant.clone())
+            .collect::<HashSet<String>>()
+    };
+    wait_for(Duration::from_secs(30), || async {
+        holders().await.len() == 2
+    })
+    .await
+    .expect("both instances hold services");
+    assert!(
+        cluster.count_status("COMMITTED").await < 250,
+        "the stop comes under load"
+    );
+
+    let stopping = std::time::Instant::now();
+    a.stop().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(6),
+        "stopped within the drain bound"
+    );
+    let released = std::time::Instant::now();
+    let unclaimed = || async {
+        cluster
+            .store
+            .scalar_i64_for_tests("(SELECT COUNT(*) FROM service_id_claims WHERE claimant IS NULL)")
+            .await
+    };
+    wait_for(Duration::from_secs(30), || async {
+        unclaimed().await == 0 && holders().await.len() == 1
+    })
+    .await
+    .expect("the survivor takes every released service");
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "taken over on the next tick ({:?}), not after the 8 s fast expiry",
+        released.elapsed()
+    );
+    cluster.wait_until_final(Duration::from_secs(120)).await;
+    assert_eq!(cluster.count_status("COMMITTED").await, 300);
+    assert!(accepted_posts_per_batch(&cluster).values().all(|n| *n == 1));
+    b.stop().await;
+}
+
 backend_tests!(
+    graceful_stop_hands_services_over_at_once,
     sawtooth_with_many_in_flight_per_service,
     two_instances_commit_everything_in_order_once,
     invalid_batch_is_recorded_and_the_service_goes_on,
