@@ -113,6 +113,30 @@ impl Cluster {
         ids
     }
 
+    /// Sets the simulated ledger's commit latency (e.g. "5ms", "10ms..50ms").
+    pub fn set_commit_latency(&self, latency: &str) {
+        self.devnet
+            .control()
+            .update_faults(&dltsub_devnet::FaultsPatch {
+                commit_latency: Some(latency.parse().expect("a latency")),
+                ..dltsub_devnet::FaultsPatch::default()
+            })
+            .expect("devnet accepts the latency");
+    }
+
+    /// The instances that hold at least one claim.
+    pub async fn claim_holders(&self) -> std::collections::HashSet<String> {
+        let claims = self.store.claims().await.expect("read claims");
+        claims.into_iter().filter_map(|c| c.claimant).collect()
+    }
+
+    /// Services with no holder.
+    pub async fn unclaimed_services(&self) -> i64 {
+        self.store
+            .scalar_i64_for_tests("(SELECT COUNT(*) FROM service_id_claims WHERE claimant IS NULL)")
+            .await
+    }
+
     pub async fn count_status(&self, status: &str) -> i64 {
         self.store
             .scalar_i64_for_tests(&format!(

@@ -47,14 +47,7 @@ fn count_posts(cluster: &Cluster, counted: impl Fn(Option<u16>) -> bool) -> Hash
 /// submitted (the work was shared, so the order held across claims).
 async fn two_instances_commit_everything_in_order_once(backend: TestBackend) {
     let mut cluster = Cluster::scabbard(backend).await;
-    cluster
-        .devnet
-        .control()
-        .update_faults(&FaultsPatch {
-            commit_latency: Some("5ms".parse().unwrap()),
-            ..FaultsPatch::default()
-        })
-        .unwrap();
+    cluster.set_commit_latency("5ms");
     let mut accepted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for service in 0..50u64 {
         let id = format!("circuit::svc{service:02}");
@@ -199,14 +192,7 @@ async fn lost_response_is_resolved_without_resubmitting(backend: TestBackend) {
 /// resubmitted after the grace period, and are on the ledger exactly once.
 async fn forgotten_batches_are_resubmitted_after_the_grace(backend: TestBackend) {
     let mut cluster = Cluster::scabbard(backend).await;
-    cluster
-        .devnet
-        .control()
-        .update_faults(&FaultsPatch {
-            commit_latency: Some("3s".parse().unwrap()),
-            ..FaultsPatch::default()
-        })
-        .unwrap();
+    cluster.set_commit_latency("3s");
     cluster.set("instance_max_in_flight", "16");
     for service in 0..4u64 {
         cluster
@@ -222,14 +208,7 @@ async fn forgotten_batches_are_resubmitted_after_the_grace(backend: TestBackend)
     .expect("four batches pending");
     let forgotten = cluster.devnet.control().restart();
     assert_eq!(forgotten, 4, "the restart forgot the pending batches");
-    cluster
-        .devnet
-        .control()
-        .update_faults(&FaultsPatch {
-            commit_latency: Some("5ms".parse().unwrap()),
-            ..FaultsPatch::default()
-        })
-        .unwrap();
+    cluster.set_commit_latency("5ms");
     cluster.wait_until_final(Duration::from_secs(60)).await;
     assert_eq!(cluster.count_status("COMMITTED").await, 8);
     let mut on_ledger = 0;
@@ -262,14 +241,7 @@ async fn forgotten_batches_are_resubmitted_after_the_grace(backend: TestBackend)
 /// other takes its services over after the expiry and finishes everything; nothing lost.
 async fn abrupt_stop_is_taken_over(backend: TestBackend) {
     let mut cluster = Cluster::scabbard(backend).await;
-    cluster
-        .devnet
-        .control()
-        .update_faults(&FaultsPatch {
-            commit_latency: Some("100ms".parse().unwrap()),
-            ..FaultsPatch::default()
-        })
-        .unwrap();
+    cluster.set_commit_latency("100ms");
     cluster.set("instance_max_in_flight", "32");
     for service in 0..20u64 {
         cluster
@@ -279,15 +251,8 @@ async fn abrupt_stop_is_taken_over(backend: TestBackend) {
     let mut a = cluster.start_instance();
     let mut b = cluster.start_instance();
     // Both hold services (the fair share has settled) and work is under way.
-    let holders = || async {
-        let claims = cluster.store.claims().await.unwrap();
-        claims
-            .iter()
-            .filter_map(|c| c.claimant.clone())
-            .collect::<HashSet<String>>()
-    };
     wait_for(Duration::from_secs(30), || async {
-        holders().await.len() == 2
+        cluster.claim_holders().await.len() == 2
     })
     .await
     .expect("both instances hold services");
@@ -303,8 +268,12 @@ async fn abrupt_stop_is_taken_over(backend: TestBackend) {
     a.kill();
     cluster.wait_until_final(Duration::from_secs(120)).await;
     assert_eq!(cluster.count_status("COMMITTED").await, 300);
-    let claims = cluster.store.claims().await.unwrap();
-    let holders: HashSet<Option<String>> = claims.iter().map(|c| c.claimant.clone()).collect();
+    assert_eq!(
+        cluster.unclaimed_services().await,
+        0,
+        "no service left unclaimed"
+    );
+    let holders = cluster.claim_holders().await;
     assert_eq!(
         holders.len(),
         1,
@@ -331,14 +300,7 @@ async fn abrupt_stop_is_taken_over(backend: TestBackend) {
 /// acceptance order, once each.
 async fn sawtooth_with_many_in_flight_per_service(backend: TestBackend) {
     let cluster = Cluster::sawtooth(backend).await;
-    cluster
-        .devnet
-        .control()
-        .update_faults(&FaultsPatch {
-            commit_latency: Some("200ms".parse().unwrap()),
-            ..FaultsPatch::default()
-        })
-        .unwrap();
+    cluster.set_commit_latency("200ms");
     let mut accepted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for service in 0..3u64 {
         let id = format!("s{service}");
@@ -386,14 +348,7 @@ async fn sawtooth_with_many_in_flight_per_service(backend: TestBackend) {
 /// seconds before the fast expiry would have let it.
 async fn graceful_stop_hands_services_over_at_once(backend: TestBackend) {
     let mut cluster = Cluster::scabbard(backend).await;
-    cluster
-        .devnet
-        .control()
-        .update_faults(&FaultsPatch {
-            commit_latency: Some("50ms".parse().unwrap()),
-            ..FaultsPatch::default()
-        })
-        .unwrap();
+    cluster.set_commit_latency("50ms");
     cluster.set("fast_expiry", "8s");
     cluster.set("slow_expiry", "24s");
     cluster.set("renew_interval", "1s");
@@ -404,15 +359,8 @@ async fn graceful_stop_hands_services_over_at_once(backend: TestBackend) {
     }
     let mut a = cluster.start_instance();
     let mut b = cluster.start_instance();
-    let holders = || async {
-        let claims = cluster.store.claims().await.unwrap();
-        claims
-            .iter()
-            .filter_map(|c| c.claimant.clone())
-            .collect::<HashSet<String>>()
-    };
     wait_for(Duration::from_secs(30), || async {
-        holders().await.len() == 2
+        cluster.claim_holders().await.len() == 2
     })
     .await
     .expect("both instances hold services");
@@ -428,14 +376,8 @@ async fn graceful_stop_hands_services_over_at_once(backend: TestBackend) {
         "stopped within the drain bound"
     );
     let released = std::time::Instant::now();
-    let unclaimed = || async {
-        cluster
-            .store
-            .scalar_i64_for_tests("(SELECT COUNT(*) FROM service_id_claims WHERE claimant IS NULL)")
-            .await
-    };
     wait_for(Duration::from_secs(30), || async {
-        unclaimed().await == 0 && holders().await.len() == 1
+        cluster.unclaimed_services().await == 0 && cluster.claim_holders().await.len() == 1
     })
     .await
     .expect("the survivor takes every released service");
