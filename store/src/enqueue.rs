@@ -15,6 +15,9 @@ use crate::{BatchStatus, MAX_SERVICE_ID_LEN, Store, StoreError, service_shard};
 /// 32,766 host parameters.
 const ID_CHUNK: usize = 1_000;
 
+/// The statuses that count against a service's queue cap.
+const UNFINISHED: [&str; 5] = ["QUEUED", "SUBMITTING", "PENDING", "VALID", "IN_DOUBT"];
+
 /// A batch as a client handed it in: its id (the header signature) and the bytes of a
 /// `BatchList` holding just this batch, which is what gets POSTed to the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +51,20 @@ impl Store {
         &self,
         service_id: &str,
         batches: &[NewBatch],
+    ) -> Result<Vec<EnqueuedBatch>, StoreError> {
+        self.enqueue_limited(service_id, batches, None).await
+    }
+
+    /// [`Store::enqueue`] with a cap on the service's unfinished batches: if accepting the
+    /// new ones would leave more than `max_unfinished` unfinished (QUEUED, SUBMITTING,
+    /// PENDING, VALID, IN_DOUBT), nothing is written and the call fails with
+    /// [`StoreError::QueueFull`]. A request whose batches were all accepted before is
+    /// never refused: it adds nothing.
+    pub async fn enqueue_limited(
+        &self,
+        service_id: &str,
+        batches: &[NewBatch],
+        max_unfinished: Option<u64>,
     ) -> Result<Vec<EnqueuedBatch>, StoreError> {
         validate_enqueue(service_id, batches)?;
         let now = self.now();
@@ -106,6 +123,24 @@ impl Store {
                 })
                 .collect();
             conn.insert_events(&event_rows).await?;
+            if let Some(limit) = max_unfinished.filter(|_| !inserted.is_empty()) {
+                // The service row is locked (above), so no other enqueue of this service
+                // counts at the same time; the partial index of unfinished batches makes
+                // this a count of the backlog, not of the history.
+                let unfinished: i64 = batch_statuses::table
+                    .filter(batch_statuses::service_id.eq(service_id))
+                    .filter(batch_statuses::status.eq_any(UNFINISHED))
+                    .count()
+                    .get_result(conn)
+                    .await?;
+                if u64::try_from(unfinished).unwrap_or(0) > limit {
+                    return Err(StoreError::QueueFull {
+                        service_id: service_id.to_string(),
+                        unfinished: unfinished - i64::try_from(inserted.len()).unwrap_or(0),
+                        limit,
+                    });
+                }
+            }
             let accepted: HashMap<String, i64> =
                 inserted.into_iter().map(|(seq, id)| (id, seq)).collect();
 

@@ -6,6 +6,7 @@ mod connection;
 mod dialect;
 mod enqueue;
 mod migrate;
+mod operator;
 mod retention;
 mod rows;
 mod schema;
@@ -25,6 +26,9 @@ pub use clock::DbNowMicros;
 pub use connection::{ClockOffset, DatabaseUrl, RoundTrips, StoreOptions};
 pub use enqueue::{EnqueuedBatch, NewBatch};
 pub use migrate::{MigrationReport, known_migrations, run_migrations};
+pub use operator::{
+    BatchEvent, BatchMove, BatchMoveKind, BatchRecord, MAX_IN_FLIGHT_LIMIT, ServiceRecord,
+};
 pub use status::BatchStatus;
 pub use submission::{FencedOutcome, SubmittableBatch};
 pub use transitions::{BatchState, PollableBatch, Transition, UnknownSince};
@@ -56,6 +60,16 @@ pub enum StoreError {
         service_id: String,
         batch_id: String,
         existing_seq: i64,
+    },
+    /// The service already has `limit` unfinished batches (or would have more with these).
+    /// Nothing was written; the client should retry later.
+    #[error(
+        "service {service_id} has {unfinished} unfinished batches; the limit is {limit}: retry later"
+    )]
+    QueueFull {
+        service_id: String,
+        unfinished: i64,
+        limit: u64,
     },
     /// A request that can never succeed as given. Nothing was written.
     #[error("invalid {field}: {problem}")]

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// Where a batch stands. Stored as the upper-case name in `batch_statuses.status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BatchStatus {
     /// Accepted and waiting for its turn (order, `max_in_flight`, backoff).
     Queued,
