@@ -181,6 +181,24 @@ const KEYS: &[Key] = &[
         doc: "The service of batches POSTed to the Sawtooth route /batches without ?service_id=",
     },
     Key {
+        name: "max_queued_per_service",
+        default: "10000",
+        kind: Kind::Integer,
+        doc: "Most unfinished batches a service may have; a submission beyond it answers 429 like the ledgers (0: no cap)",
+    },
+    Key {
+        name: "max_body_size",
+        default: "16777216",
+        kind: Kind::Integer,
+        doc: "Largest request body in bytes (a BatchList); a larger one answers 413",
+    },
+    Key {
+        name: "api_token",
+        default: "",
+        kind: Kind::Text,
+        doc: "When set, the native API's operations and admin reads (/api/v1 POSTs, claims, instances) require `Authorization: Bearer <token>`; the ledger-compatible routes stay open",
+    },
+    Key {
         name: "listen",
         default: "127.0.0.1:8080",
         kind: Kind::Text,
@@ -398,6 +416,11 @@ pub struct Config {
     pub retry_backoff_max: Duration,
     pub shutdown_timeout: Duration,
     pub sawtooth_service_id: String,
+    /// `None`: no cap.
+    pub max_queued_per_service: Option<u64>,
+    pub max_body_size: u32,
+    /// `None`: the native API is open.
+    pub api_token: Option<String>,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     /// Each key's value as text and where it came from, for `dltsub config`.
@@ -484,6 +507,9 @@ impl Config {
             retry_backoff_max: get("retry_backoff_max").duration()?,
             shutdown_timeout: get("shutdown_timeout").duration()?,
             sawtooth_service_id: get("sawtooth_service_id").service_id()?,
+            max_queued_per_service: get("max_queued_per_service").cap()?,
+            max_body_size: get("max_body_size").positive_integer()?,
+            api_token: get("api_token").token()?,
             listen: get("listen").parse()?,
             metrics_listen: get("metrics_listen").parse()?,
             sources: values
@@ -564,6 +590,8 @@ impl Config {
         for (name, text, origin) in &self.sources {
             let shown = if *name == "database_url" {
                 self.database_url.redacted()
+            } else if *name == "api_token" && !text.is_empty() {
+                "<redacted>".to_string()
             } else {
                 text.clone()
             };
@@ -623,6 +651,31 @@ impl Field<'_> {
             Ok(value) => Ok(value),
             Err(_) => Err(self.error("not a positive integer")),
         }
+    }
+
+    /// A non-negative integer where 0 means "no limit".
+    fn cap(&self) -> Result<Option<u64>, ConfigError> {
+        match self.text.parse::<u64>() {
+            Ok(0) => Ok(None),
+            Ok(value) => Ok(Some(value)),
+            Err(_) => Err(self.error("not a non-negative integer (0: no cap)")),
+        }
+    }
+
+    /// Empty: no token. A token is sent in an HTTP header, so it must be visible ASCII.
+    fn token(&self) -> Result<Option<String>, ConfigError> {
+        if self.text.is_empty() {
+            return Ok(None);
+        }
+        if self.text.len() < 16 || !self.text.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::BadValue {
+                key: self.name,
+                value: "<redacted>".to_string(),
+                origin: self.origin.clone(),
+                problem: "must be at least 16 visible ASCII characters (no spaces)".into(),
+            });
+        }
+        Ok(Some(self.text.to_string()))
     }
 
     fn service_id(&self) -> Result<String, ConfigError> {

@@ -126,6 +126,9 @@ pub async fn run(
             wakeup: wakeup.clone(),
             draining: draining.clone(),
             sawtooth_service_id: config.sawtooth_service_id.clone(),
+            max_queued_per_service: config.max_queued_per_service,
+            api_token: config.api_token.clone(),
+            max_body_bytes: config.max_body_size as usize,
         },
         api_stop.clone(),
     ));

@@ -1,82 +1,14 @@
 //! The ledger-compatible API, spoken to exactly as a scabbard client would: protobuf
 //! BatchList in, scabbard's JSON out, no dltsub-specific headers. Both backends.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use dltsub::api::{ApiState, router};
-use dltsub_store::Store;
-use dltsub_store::testing::{TestBackend, TestDatabase};
-use dltsub_submitter::Wakeup;
-use dltsub_wire::{Batch, BatchList, Transaction};
-use prost::Message;
-use serde_json::{Value, json};
+use dltsub_store::testing::TestBackend;
+use serde_json::json;
 
-struct Api {
-    _database: TestDatabase,
-    store: Store,
-    base: String,
-    draining: Arc<AtomicBool>,
-    http: reqwest::Client,
-}
+mod support;
 
-async fn api(backend: TestBackend) -> Api {
-    let database = TestDatabase::migrated(backend).await;
-    let store = database.store().await;
-    let draining = Arc::new(AtomicBool::new(false));
-    let state = ApiState {
-        store: store.clone(),
-        wakeup: Wakeup::default(),
-        draining: draining.clone(),
-        sawtooth_service_id: "default-svc".into(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(state)).await });
-    Api {
-        _database: database,
-        store,
-        base,
-        draining,
-        http: reqwest::Client::new(),
-    }
-}
-
-fn batch(n: u64) -> Batch {
-    Batch {
-        header: vec![n as u8],
-        header_signature: format!("{:0>128}", format!("{n:x}e")),
-        transactions: vec![Transaction {
-            header: vec![1],
-            header_signature: format!("{:0>128}", format!("{n:x}d")),
-            payload: vec![2],
-        }],
-        trace: false,
-    }
-}
-
-fn list(batches: Vec<Batch>) -> Vec<u8> {
-    BatchList { batches }.encode_to_vec()
-}
-
-impl Api {
-    /// POSTs as Hyperledger Transact's scabbard client does (`Content-Type: octet-stream`).
-    async fn post(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
-        self.post_as(path, "octet-stream", body).await
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
-    }
-}
+use support::{api, batch, list};
 
 /// A BatchList is accepted durably with scabbard's 202 and relative link; following the
 /// link gives scabbard's status JSON; the same POST again is idempotent.
@@ -233,21 +165,6 @@ async fn health_and_readiness(backend: TestBackend) {
         api.get("/readyz").await,
         (503, json!({"status": "draining"}))
     );
-}
-
-impl Api {
-    async fn post_as(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("Content-Type", content_type)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
-    }
 }
 
 /// The Sawtooth routes as a Sawtooth client uses them: exact content type, absolute link,

@@ -24,7 +24,7 @@ pub use claims::{
 };
 pub use clock::DbNowMicros;
 pub use connection::{ClockOffset, DatabaseUrl, RoundTrips, StoreOptions};
-pub use enqueue::{EnqueuedBatch, NewBatch};
+pub use enqueue::{EnqueuedBatch, NewBatch, is_batch_id};
 pub use migrate::{MigrationReport, known_migrations, run_migrations};
 pub use operator::{
     BatchEvent, BatchMove, BatchMoveKind, BatchRecord, MAX_IN_FLIGHT_LIMIT, ServiceRecord,

@@ -1,9 +1,11 @@
 //! dltsub's HTTP API on `listen`: the ledger-compatible ingest routes (a client written for
-//! the ledger points at dltsub unchanged), health and readiness for the load balancer.
+//! the ledger points at dltsub unchanged), the native JSON API under `/api/v1`, and health
+//! and readiness for the load balancer.
 
 mod health;
 mod sawtooth;
 mod scabbard;
+pub mod v1;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,9 +18,6 @@ use dltsub_store::Store;
 use dltsub_submitter::Wakeup;
 use tokio_util::sync::CancellationToken;
 
-/// Largest request body accepted (a BatchList): a bound on memory per request.
-pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
-
 /// What every handler may use.
 #[derive(Clone)]
 pub struct ApiState {
@@ -29,6 +28,12 @@ pub struct ApiState {
     pub draining: Arc<AtomicBool>,
     /// The service of batches POSTed to Sawtooth's `/batches` without `?service_id=`.
     pub sawtooth_service_id: String,
+    /// Cap on a service's unfinished batches; a submission beyond it answers 429.
+    pub max_queued_per_service: Option<u64>,
+    /// When set, the native API's operations and admin reads need `Bearer <token>`.
+    pub api_token: Option<String>,
+    /// Largest request body accepted (a BatchList): a bound on memory per request.
+    pub max_body_bytes: usize,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -36,7 +41,8 @@ pub fn router(state: ApiState) -> Router {
         .merge(scabbard::routes())
         .merge(sawtooth::routes())
         .merge(health::routes())
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .merge(v1::routes(state.clone()))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
 }
 

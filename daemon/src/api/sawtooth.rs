@@ -78,13 +78,18 @@ async fn submit(
         .service_id
         .unwrap_or_else(|| state.sawtooth_service_id.clone());
     let batches = one_list_per_batch(list);
-    match state.store.enqueue(&service_id, &batches).await {
+    match state
+        .store
+        .enqueue_limited(&service_id, &batches, state.max_queued_per_service)
+        .await
+    {
         Ok(accepted) => {
             state.wakeup.wake();
             let ids: Vec<&str> = accepted.iter().map(|b| b.batch_id.as_str()).collect();
             let body = serde_json::json!({ "link": link(&headers, &ids) });
             json_response(StatusCode::ACCEPTED, to_json(&body))
         }
+        Err(StoreError::QueueFull { .. }) => error(ErrorKind::BatchQueueFull, ""),
         Err(StoreError::BatchConflict { batch_id, .. }) => own_error(
             StatusCode::CONFLICT,
             "Batch Conflict",

@@ -55,7 +55,11 @@ async fn submit(
     };
     let service_id = format!("{circuit}::{service}");
     let batches = one_list_per_batch(list);
-    match state.store.enqueue(&service_id, &batches).await {
+    match state
+        .store
+        .enqueue_limited(&service_id, &batches, state.max_queued_per_service)
+        .await
+    {
         Ok(accepted) => {
             state.wakeup.wake();
             let ids = accepted.iter().map(|b| b.batch_id.as_str());
@@ -66,6 +70,8 @@ async fn submit(
             )
                 .into_response()
         }
+        // Scabbard's own back-pressure answer: 429 with an empty body.
+        Err(StoreError::QueueFull { .. }) => StatusCode::TOO_MANY_REQUESTS.into_response(),
         Err(StoreError::BatchConflict { batch_id, .. }) => error(
             StatusCode::CONFLICT,
             &format!("batch {batch_id} was already accepted with different bytes"),

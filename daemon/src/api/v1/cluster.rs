@@ -1,0 +1,133 @@
+//! `/api/v1/claims` and `/api/v1/instances`: who holds what, and for how long.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use dltsub_store::ClaimRecord;
+use serde::Serialize;
+
+use super::{ApiError, millis_until, timestamp};
+use crate::api::ApiState;
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/api/v1/claims", get(claims))
+        .route("/api/v1/instances", get(instances))
+}
+
+/// Where a claim stands at `now` (DESIGN.md §3).
+fn phase(claim: &ClaimRecord, now_us: i64) -> &'static str {
+    if claim.claimant.is_none() {
+        "unclaimed"
+    } else if now_us < claim.fast_expiry_us {
+        "held"
+    } else if now_us < claim.slow_expiry_us {
+        "fast_expired"
+    } else {
+        "expired"
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct ClaimView {
+    service_id: String,
+    claimant: Option<String>,
+    epoch: i64,
+    phase: &'static str,
+    fast_expiry: Option<String>,
+    slow_expiry: Option<String>,
+    fast_left_ms: Option<i64>,
+    slow_left_ms: Option<i64>,
+    claimed_at: Option<String>,
+}
+
+async fn claims(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let claims = state.store.claims().await.map_err(ApiError::unavailable)?;
+    let now_us = state
+        .store
+        .database_now_us()
+        .await
+        .map_err(ApiError::unavailable)?;
+    let views: Vec<ClaimView> = claims
+        .iter()
+        .map(|claim| {
+            let held = claim.claimant.is_some();
+            ClaimView {
+                service_id: claim.service_id.clone(),
+                claimant: claim.claimant.clone(),
+                epoch: claim.epoch,
+                phase: phase(claim, now_us),
+                fast_expiry: held.then(|| timestamp(claim.fast_expiry_us)),
+                slow_expiry: held.then(|| timestamp(claim.slow_expiry_us)),
+                fast_left_ms: held.then(|| millis_until(claim.fast_expiry_us, now_us)),
+                slow_left_ms: held.then(|| millis_until(claim.slow_expiry_us, now_us)),
+                claimed_at: claim.claimed_at_us.map(timestamp),
+            }
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "read_at": timestamp(now_us), "claims": views })).into_response())
+}
+
+#[derive(Debug, Serialize)]
+struct InstanceView {
+    instance_id: String,
+    hostname: String,
+    pid: i64,
+    version: String,
+    capacity: i32,
+    state: String,
+    started_at: String,
+    heartbeat_at: String,
+    heartbeat_age_ms: i64,
+    claims: usize,
+}
+
+async fn instances(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let instances = state
+        .store
+        .instances()
+        .await
+        .map_err(ApiError::unavailable)?;
+    let claims = state.store.claims().await.map_err(ApiError::unavailable)?;
+    let mut held: HashMap<&str, usize> = HashMap::new();
+    for claim in &claims {
+        if let Some(claimant) = &claim.claimant {
+            *held.entry(claimant.as_str()).or_default() += 1;
+        }
+    }
+    let read_at_us = instances.first().map(|i| i.read_at_us);
+    let views: Vec<InstanceView> = instances
+        .iter()
+        .map(|instance| InstanceView {
+            instance_id: instance.instance_id.clone(),
+            hostname: instance.hostname.clone(),
+            pid: instance.pid,
+            version: instance.version.clone(),
+            capacity: instance.capacity,
+            state: instance.state.clone(),
+            started_at: timestamp(instance.started_at_us),
+            heartbeat_at: timestamp(instance.heartbeat_at_us),
+            heartbeat_age_ms: (instance.read_at_us - instance.heartbeat_at_us) / 1_000,
+            claims: held
+                .get(instance.instance_id.as_str())
+                .copied()
+                .unwrap_or(0),
+        })
+        .collect();
+    let read_at_us = match read_at_us {
+        Some(at) => at,
+        None => state
+            .store
+            .database_now_us()
+            .await
+            .map_err(ApiError::unavailable)?,
+    };
+    Ok(
+        Json(serde_json::json!({ "read_at": timestamp(read_at_us), "instances": views }))
+            .into_response(),
+    )
+}
