@@ -213,7 +213,13 @@ const KEYS: &[Key] = &[
 ];
 
 /// Environment variables with the `DLTSUB_` prefix that are not configuration keys.
-const OTHER_ENV_VARS: &[&str] = &["DLTSUB_CONFIG", "DLTSUB_LOG", "DLTSUB_TEST_DATABASE_URL"];
+const OTHER_ENV_VARS: &[&str] = &[
+    "DLTSUB_CONFIG",
+    "DLTSUB_LOG",
+    "DLTSUB_TEST_DATABASE_URL",
+    // The operator commands' --url.
+    "DLTSUB_URL",
+];
 
 fn env_name(key: &str) -> String {
     format!("DLTSUB_{}", key.to_ascii_uppercase())

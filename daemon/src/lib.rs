@@ -5,4 +5,5 @@ pub mod bench;
 pub mod config;
 pub mod metrics;
 pub mod migrate;
+pub mod ops;
 pub mod run;

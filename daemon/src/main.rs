@@ -39,6 +39,8 @@ enum Command {
     /// A simulated ledger (Splinter scabbard or Sawtooth REST) for demos, tests and
     /// benchmarks, with fault knobs at start and at run time (`/_devnet/faults`).
     Devnet(dltsub_devnet::DevnetArgs),
+    #[command(flatten)]
+    Ops(dltsub::ops::OpsCommand),
     /// Benchmarks that print figures (see Benchmarks in the README).
     Bench {
         #[command(subcommand)]
@@ -64,7 +66,8 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(Failure::Config(error)) => {
             eprintln!("error: invalid configuration: {error}");
             ExitCode::from(EXIT_USAGE)
@@ -93,7 +96,8 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
+/// Runs the subcommand; `Ok` carries the exit code (client commands use several).
+async fn run(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run { config } => {
             let config = Config::load(&config)?;
@@ -111,13 +115,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             print!("{}", config.render());
         }
         Command::Bench { what } => bench::run(what).await?,
+        Command::Ops(command) => return Ok(dltsub::ops::run(command).await),
         Command::Devnet(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
             dltsub_devnet::run_devnet(&args, async move { shutdown.cancelled().await }).await?;
         }
     }
-    Ok(())
+    Ok(0)
 }
 
 /// Logs go to stderr; `DLTSUB_LOG` takes a tracing filter (default `info`, with the
