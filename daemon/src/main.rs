@@ -39,6 +39,9 @@ enum Command {
     /// A simulated ledger (Splinter scabbard or Sawtooth REST) for demos, tests and
     /// benchmarks, with fault knobs at start and at run time (`/_devnet/faults`).
     Devnet(dltsub_devnet::DevnetArgs),
+    /// The first command to run: a simulated ledger, three instances as child processes,
+    /// a load generator and a SIGKILL half-way; exits 0 only if nothing was lost.
+    Demo(dltsub::demo::DemoArgs),
     #[command(flatten)]
     Ops(dltsub::ops::OpsCommand),
     /// Benchmarks that print figures (see Benchmarks in the README).
@@ -116,6 +119,11 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Bench { what } => bench::run(what).await?,
         Command::Ops(command) => return Ok(dltsub::ops::run(command).await),
+        Command::Demo(args) => {
+            if !dltsub::demo::run(args).await? {
+                return Ok(EXIT_FAILURE);
+            }
+        }
         Command::Devnet(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));

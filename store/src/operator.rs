@@ -242,6 +242,23 @@ impl Store {
         Ok(found)
     }
 
+    /// Every batch id of a service with its status, in `seq` (acceptance) order: what a
+    /// checker compares with the ledger's order.
+    pub async fn batch_ids_in_order(
+        &self,
+        service_id: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        with_conn!(self, |conn| {
+            Ok(batches::table
+                .inner_join(batch_statuses::table)
+                .filter(batches::service_id.eq(service_id))
+                .order(batches::seq)
+                .select((batches::batch_id, batch_statuses::status))
+                .load(conn)
+                .await?)
+        })
+    }
+
     /// A batch's history, oldest first.
     pub async fn batch_history(&self, seq: i64) -> Result<Vec<BatchEvent>, StoreError> {
         with_conn!(self, |conn| {
