@@ -259,7 +259,28 @@ async fn sawtooth_routes(backend: TestBackend) {
     );
 }
 
+/// A body over `max_body_size` is refused with 413 in each dialect's own JSON envelope and
+/// writes nothing.
+async fn oversize_bodies_get_413_in_the_dialects_envelope(backend: TestBackend) {
+    let api = api(backend).await;
+    let oversize = vec![0u8; support::MAX_BODY + 1];
+    let (status, answer) = api.post("/scabbard/c/s/batches", oversize.clone()).await;
+    assert_eq!(status, 413);
+    assert_eq!(answer["code"], "413", "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("length limit"));
+    let (status, answer) = api
+        .post_as("/batches", "application/octet-stream", oversize.clone())
+        .await;
+    assert_eq!((status, answer["error"]["code"].clone()), (413, json!(413)));
+    let (status, answer) = api
+        .post_as("/batch_statuses", "application/json", oversize)
+        .await;
+    assert_eq!((status, answer["error"]["code"].clone()), (413, json!(413)));
+    assert_eq!(api.store.count_rows_for_tests("batches").await, 0);
+}
+
 dltsub_store::backend_tests!(
+    oversize_bodies_get_413_in_the_dialects_envelope,
     sawtooth_routes,
     submit_then_follow_the_link,
     bad_input_is_refused_and_nothing_written,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -43,6 +44,15 @@ fn own_error(status: StatusCode, title: &str, message: &str) -> Response {
     json_response(status, to_json(&body))
 }
 
+/// A body that could not be read (over `max_body_size`, cut off), in Sawtooth's envelope.
+fn body_refused(rejection: BytesRejection) -> Response {
+    own_error(
+        rejection.status(),
+        "Request Body Refused",
+        &rejection.body_text(),
+    )
+}
+
 fn link(headers: &HeaderMap, ids: &[&str]) -> String {
     let host = headers
         .get(header::HOST)
@@ -60,8 +70,12 @@ async fn submit(
     State(state): State<ApiState>,
     Query(query): Query<SubmitQuery>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => return body_refused(rejection),
+    };
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
@@ -145,8 +159,12 @@ async fn statuses_post(
     State(state): State<ApiState>,
     Query(query): Query<StatusQuery>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => return body_refused(rejection),
+    };
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());

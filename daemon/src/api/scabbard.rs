@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -44,8 +45,12 @@ fn error(status: StatusCode, message: &str) -> Response {
 async fn submit(
     State(state): State<ApiState>,
     Path((circuit, service)): Path<(String, String)>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => return error(rejection.status(), &rejection.body_text()),
+    };
     let list = match decode_batch_list(&body) {
         Ok(list) => list,
         Err(BatchListError::Decode(_)) => {
