@@ -197,9 +197,13 @@ async fn operator_commands_end_to_end(backend: TestBackend) {
         .await;
     assert_eq!(code, 4, "{out}");
     assert!(out.contains("postponed"), "{out}");
-    let (code, out, _) = ops.ops(&["cancel", &id(3)]).await;
-    assert_eq!(code, 0, "{out}");
-    assert!(out.contains("CANCELLED"), "{out}");
+    let (code, out, err) = ops.ops(&["cancel", &id(98), &id(3)]).await;
+    assert_eq!(code, 2, "one id is unknown: {out}{err}");
+    assert!(
+        out.contains("CANCELLED"),
+        "the known one was cancelled: {out}"
+    );
+    assert!(err.contains("unknown_batch"), "{err}");
     let (code, _, _) = ops.ops(&["resume", "circ::svc"]).await;
     assert_eq!(code, 0);
     let (code, out, _) = ops

@@ -426,14 +426,23 @@ async fn batch_moves(
         .map(|s| format!("service_id={}", query_value(s)));
     let mut code = EXIT_OK;
     let mut reports = Vec::new();
+    let mut failures = Vec::new();
+    // Every id is tried, so one unknown id does not hide what happened to the others.
     for id in &ids {
         let path = with_query(
             format!("/api/v1/batches/{}/{operation}", segment(id)),
             std::slice::from_ref(&service_query),
         );
-        let answer = client.post(&path, None).await?;
-        code = code.max(report_code(&answer.body));
-        reports.push(answer.body);
+        match client.post(&path, None).await {
+            Ok(answer) => {
+                code = code.max(report_code(&answer.body));
+                reports.push(answer.body);
+            }
+            Err(failure) => {
+                code = code.max(failure.code);
+                failures.push(format!("{id}: {}", failure.message));
+            }
+        }
     }
     let all = Value::Array(reports);
     client.print(&all, |reports| {
@@ -444,6 +453,9 @@ async fn batch_moves(
             .map(render_report)
             .collect()
     });
+    for failure in failures {
+        eprintln!("error: {failure}");
+    }
     Ok(code)
 }
 
