@@ -219,6 +219,9 @@ const OTHER_ENV_VARS: &[&str] = &[
     "DLTSUB_TEST_DATABASE_URL",
     // The operator commands' --url.
     "DLTSUB_URL",
+    // The chaos plan and report file of chaos builds (chaos/points).
+    "DLTSUB_CHAOS",
+    "DLTSUB_CHAOS_REPORT",
 ];
 
 fn env_name(key: &str) -> String {

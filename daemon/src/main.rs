@@ -104,6 +104,9 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run { config } => {
             let config = Config::load(&config)?;
+            // A chaos build validates DLTSUB_CHAOS now (exit 2 on a bad plan); otherwise
+            // a no-op.
+            dltsub_chaos_points::init();
             let metrics = dltsub::metrics::install()?;
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use dltsub_chaos_points::{Event, Phase};
 use dltsub_store::{
     ClaimTiming, FencedOutcome, HeldClaim, InstanceInfo, InstanceState, LEADER_LEASE,
     PollableBatch, Store, StoreError, SubmittableBatch, Transition,
@@ -118,6 +119,11 @@ impl Queuer {
     /// the leader lease and, when leader, its chores.
     pub async fn tick(&mut self) -> Result<TickReport, StoreError> {
         // The self-fencing term counts from before the renewal is sent.
+        let holding = !self.held_tx.borrow().epochs.is_empty();
+        chaos_point(Event::E1, Phase::Before).await?;
+        if holding {
+            chaos_point(Event::E9, Phase::Before).await?;
+        }
         let sent_at = Instant::now();
         let started = std::time::Instant::now();
         let outcome = self
@@ -131,6 +137,13 @@ impl Queuer {
                 return Err(error);
             }
         };
+        chaos_point(Event::E1, Phase::After).await?;
+        if holding {
+            chaos_point(Event::E9, Phase::After).await?;
+        }
+        if !outcome.acquired.is_empty() {
+            chaos_point(Event::E2, Phase::Before).await?;
+        }
         let epochs: BTreeMap<String, i64> = outcome
             .held
             .iter()
@@ -156,6 +169,9 @@ impl Queuer {
             epochs,
             valid_until,
         });
+        if !outcome.acquired.is_empty() {
+            chaos_point(Event::E2, Phase::After).await?;
+        }
 
         metrics::gauge!(m::CLAIMS_HELD).set(outcome.held.len() as f64);
         metrics::counter!(m::CLAIMS_ACQUIRED).increment(outcome.acquired.len() as u64);
@@ -325,10 +341,12 @@ impl ClaimsHandle {
         if held.is_empty() || Instant::now() >= held.valid_until {
             return Ok(Vec::new());
         }
+        chaos_point(Event::E3, Phase::Before).await?;
         let mut batches = self
             .store
             .select_submittable(&self.instance_id, limit)
             .await?;
+        chaos_point(Event::E3, Phase::After).await?;
         let now = Instant::now();
         batches.retain(|batch| held.may_submit(&batch.service_id, batch.epoch, now));
         Ok(batches)
@@ -340,11 +358,15 @@ impl ClaimsHandle {
         &self,
         batches: &[(HeldClaim, Vec<i64>)],
     ) -> Result<FencedOutcome, StoreError> {
+        chaos_point(Event::E5, Phase::Before).await?;
         let outcome = self
             .store
             .mark_submitting(&self.instance_id, batches)
             .await?;
         self.forget_lost(&outcome.lost);
+        // An error here is a mark whose acknowledgement was lost: the batches stay
+        // SUBMITTING with no POST, for the stranded sweep to resolve.
+        chaos_point(Event::E5, Phase::After).await?;
         Ok(outcome)
     }
 
@@ -354,11 +376,15 @@ impl ClaimsHandle {
         &self,
         transitions: &[(HeldClaim, Vec<Transition>)],
     ) -> Result<FencedOutcome, StoreError> {
+        chaos_point(Event::E8, Phase::Before).await?;
         let outcome = self
             .store
             .apply_transitions(&self.instance_id, transitions)
             .await?;
         self.forget_lost(&outcome.lost);
+        // An error here is a recorded status whose acknowledgement was lost: the caller
+        // retries, and the transition's `from` guard makes the retry a no-op.
+        chaos_point(Event::E8, Phase::After).await?;
         Ok(outcome)
     }
 
@@ -403,4 +429,12 @@ impl ClaimsHandle {
             );
         }
     }
+}
+
+/// A chaos event point (inert unless built with the `chaos` feature); an injected error
+/// takes the path of a database error at that point.
+async fn chaos_point(event: Event, phase: Phase) -> Result<(), StoreError> {
+    dltsub_chaos_points::reached(event, phase)
+        .await
+        .map_err(|injected| StoreError::Injected(injected.to_string()))
 }

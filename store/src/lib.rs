@@ -71,6 +71,9 @@ pub enum StoreError {
         unfinished: i64,
         limit: u64,
     },
+    /// A fault injected at a chaos event point (only in builds with the `chaos` feature).
+    #[error("{0}")]
+    Injected(String),
     /// A request that can never succeed as given. Nothing was written.
     #[error("invalid {field}: {problem}")]
     InvalidInput {

@@ -6,6 +6,7 @@
 //! finishing (which frees capacity) or a claim acquired all call [`Wakeup::wake`]. A short
 //! poll is the fallback, and the only path for batches accepted by another process on SQLite.
 
+use dltsub_chaos_points::{Event, Phase};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,6 +166,7 @@ impl Submitter {
         if batches.is_empty() {
             return Ok(0);
         }
+        chaos_point(Event::E4, Phase::Before).await?;
         // Group per claim, keeping seq order within each service.
         let mut groups: BTreeMap<HeldClaim, Vec<SubmittableBatch>> = BTreeMap::new();
         for batch in batches {
@@ -189,6 +191,7 @@ impl Submitter {
             .iter()
             .map(|(claim, batches)| (claim.clone(), batches.iter().map(|b| b.seq).collect()))
             .collect();
+        chaos_point(Event::E4, Phase::After).await?;
         let marked = self.claims.mark_submitting(&marks).await?;
         self.in_flight.add(marked.applied.iter().copied());
         let applied: std::collections::HashSet<i64> = marked.applied.iter().copied().collect();
@@ -248,7 +251,14 @@ impl PostTask {
             epoch = self.claim.epoch,
             outcome = tracing::field::Empty,
         );
-        let outcome = self.post().instrument(span.clone()).await;
+        let mut outcome = self.post().instrument(span.clone()).await;
+        // The response is received; an injected error here is a response lost on its way
+        // to the observer: the outcome is unknown.
+        if let Err(injected) = dltsub_chaos_points::reached(Event::E7, Phase::Before).await {
+            outcome = PostOutcome::InDoubt {
+                error: injected.to_string(),
+            };
+        }
         let label = outcome_label(&outcome);
         span.record("outcome", label);
         metrics::counter!(m::SUBMISSIONS, "outcome" => label).increment(1);
@@ -266,6 +276,8 @@ impl PostTask {
         if self.results.send(submission).await.is_err() {
             tracing::error!("observer gone; submission outcome not recorded");
         }
+        // Nothing is left to fail after the hand-off; stall, stop and kill still apply.
+        let _ = dltsub_chaos_points::reached(Event::E7, Phase::After).await;
         self.wakeup.wake();
     }
 
@@ -285,6 +297,11 @@ impl PostTask {
             .iter()
             .flat_map(|b| b.serialized_batch.iter().copied())
             .collect();
+        if let Err(injected) = dltsub_chaos_points::reached(Event::E6, Phase::Before).await {
+            return PostOutcome::NotSent {
+                error: injected.to_string(),
+            };
+        }
         let started = Instant::now();
         let outcome = self
             .client
@@ -296,6 +313,12 @@ impl PostTask {
             )
             .await;
         metrics::histogram!(m::POST_SECONDS).record(started.elapsed().as_secs_f64());
+        // The POST happened; an injected error here loses its answer.
+        if let Err(injected) = dltsub_chaos_points::reached(Event::E6, Phase::After).await {
+            return PostOutcome::InDoubt {
+                error: injected.to_string(),
+            };
+        }
         outcome
     }
 }
@@ -309,4 +332,12 @@ fn outcome_label(outcome: &PostOutcome) -> &'static str {
         PostOutcome::NotSent { .. } => "not_sent",
         PostOutcome::InDoubt { .. } => "in_doubt",
     }
+}
+
+/// A chaos event point of the submission loop (inert unless built with the `chaos`
+/// feature); an injected error takes the path of a database error.
+async fn chaos_point(event: Event, phase: Phase) -> Result<(), dltsub_store::StoreError> {
+    dltsub_chaos_points::reached(event, phase)
+        .await
+        .map_err(|injected| dltsub_store::StoreError::Injected(injected.to_string()))
 }
