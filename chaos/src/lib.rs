@@ -1,1 +1,8 @@
 #![doc = include_str!("../README.md")]
+
+pub mod check;
+pub mod cluster;
+pub mod scenario;
+
+pub use check::{Findings, check};
+pub use scenario::{Fault, Outcome, Scenario, matrix, run_scenario};

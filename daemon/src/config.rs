@@ -74,9 +74,9 @@ const KEYS: &[Key] = &[
     },
     Key {
         name: "idle_in_transaction_timeout",
-        default: "10s",
+        default: "2s",
         kind: Kind::Duration,
-        doc: "PostgreSQL idle_in_transaction_session_timeout: ends transactions of a stalled process",
+        doc: "PostgreSQL idle_in_transaction_session_timeout: ends transactions of a stalled process (whose locks would otherwise hold up a takeover); at most fast_expiry. dltsub never idles inside a transaction, so only a stalled process meets it",
     },
     Key {
         name: "sqlite_busy_timeout",
@@ -548,6 +548,17 @@ impl Config {
                     "renew_interval ({}) must be at most fast_expiry / 3 ({}), so a claim survives two missed renewals",
                     show(self.renew_interval),
                     show(self.fast_expiry / 3)
+                ),
+            });
+        }
+        // A stalled instance's open transaction keeps its locks on claim rows until
+        // PostgreSQL ends it; past the fast expiry that would hold up a takeover.
+        if self.idle_in_transaction_timeout > self.fast_expiry {
+            return Err(ConfigError::Inconsistent {
+                problem: format!(
+                    "idle_in_transaction_timeout ({}) must not exceed fast_expiry ({}): a stalled instance's open transaction would delay the takeover of its services",
+                    show(self.idle_in_transaction_timeout),
+                    show(self.fast_expiry)
                 ),
             });
         }

@@ -259,6 +259,51 @@ impl Store {
         })
     }
 
+    /// Every history event of a service's batches in the order they were written (event
+    /// id), with the batch's `seq`: what the chaos checker reads epochs from.
+    pub async fn service_history(
+        &self,
+        service_id: &str,
+    ) -> Result<Vec<(i64, BatchEvent)>, StoreError> {
+        let rows: Vec<HistoryRow> = with_conn!(self, |conn| {
+            Ok::<_, StoreError>(
+                batch_events::table
+                    .inner_join(batches::table)
+                    .filter(batches::service_id.eq(service_id))
+                    .order(batch_events::event_id)
+                    .select((
+                        batch_events::seq,
+                        batch_events::at_us,
+                        batch_events::old_status,
+                        batch_events::new_status,
+                        batch_events::epoch,
+                        batch_events::instance_id,
+                        batch_events::detail,
+                    ))
+                    .load(conn)
+                    .await?,
+            )
+        })?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(seq, at_us, old_status, new_status, epoch, instance_id, detail)| {
+                    (
+                        seq,
+                        BatchEvent {
+                            at_us,
+                            old_status,
+                            new_status,
+                            epoch,
+                            instance_id,
+                            detail,
+                        },
+                    )
+                },
+            )
+            .collect())
+    }
+
     /// A batch's history, oldest first.
     pub async fn batch_history(&self, seq: i64) -> Result<Vec<BatchEvent>, StoreError> {
         with_conn!(self, |conn| {
@@ -348,6 +393,17 @@ impl Store {
         })
     }
 }
+
+/// `(seq, at_us, old_status, new_status, epoch, instance_id, detail)` of one event.
+type HistoryRow = (
+    i64,
+    i64,
+    Option<String>,
+    String,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+);
 
 /// The columns of [`BatchRecord`], in its field order.
 const BATCH_RECORD_COLUMNS: (

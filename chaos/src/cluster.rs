@@ -1,0 +1,198 @@
+//! A cluster under test: a database of its own, the simulated ledger, and dltsub instances
+//! as real processes (this binary's `instance` subcommand, which runs dltsub's own
+//! instance code compiled with the chaos event points).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use dltsub_devnet::{Devnet, DevnetConfig, Dialect, Latency};
+use dltsub_store::testing::{TestBackend, TestDatabase};
+use dltsub_store::{DatabaseUrl, Store};
+use tokio::process::{Child, Command};
+
+/// Claim timings short enough for a matrix of scenarios, long enough for a loaded
+/// 2-core machine. A DELAY stalls an instance past `SLOW_EXPIRY`.
+pub const FAST_EXPIRY: Duration = Duration::from_secs(2);
+pub const SLOW_EXPIRY: Duration = Duration::from_secs(5);
+pub const RENEW_INTERVAL: Duration = Duration::from_millis(500);
+
+pub struct Instance {
+    pub child: Child,
+    pub pid: u32,
+    pub report: PathBuf,
+    pub log: PathBuf,
+}
+
+pub struct Cluster {
+    pub database: TestDatabase,
+    pub store: Store,
+    pub ledger: Devnet,
+    pub dir: tempfile::TempDir,
+    pub instances: Vec<Instance>,
+    exe: PathBuf,
+}
+
+impl Cluster {
+    pub async fn start(backend: TestBackend) -> anyhow::Result<Self> {
+        let database = TestDatabase::migrated(backend).await;
+        let store = database.store().await;
+        let mut config = DevnetConfig::new(Dialect::Scabbard);
+        // Slow enough that the work spans several claim ticks (E1 and E9 are reached per tick).
+        config.faults.commit_latency = Latency::fixed(Duration::from_millis(100));
+        let ledger = Devnet::spawn(config).await?;
+        Ok(Self {
+            database,
+            store,
+            ledger,
+            dir: tempfile::tempdir()?,
+            instances: Vec::new(),
+            exe: std::env::current_exe().context("cannot find the chaos executable")?,
+        })
+    }
+
+    fn database_url(&self) -> String {
+        match &self.database.options.url {
+            DatabaseUrl::Postgres(url) => url.clone(),
+            DatabaseUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
+        }
+    }
+
+    /// Starts one instance with the chaos `plan` (empty: no faults).
+    pub fn add_instance(&mut self, plan: &str) -> anyhow::Result<usize> {
+        let index = self.instances.len();
+        let report = self.dir.path().join(format!("chaos-{index}.jsonl"));
+        let log = self.dir.path().join(format!("instance-{index}.log"));
+        let child = Command::new(&self.exe)
+            .args(["instance", "--database-url", &self.database_url()])
+            .args(["--dlt-url", self.ledger.base_url()])
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args(["--migrate-on-start", "false"])
+            .args(["--fast-expiry", &format!("{}ms", FAST_EXPIRY.as_millis())])
+            .args(["--slow-expiry", &format!("{}ms", SLOW_EXPIRY.as_millis())])
+            .args([
+                "--renew-interval",
+                &format!("{}ms", RENEW_INTERVAL.as_millis()),
+            ])
+            .args(["--dlt-request-timeout", "2s", "--status-wait", "1s"])
+            .args(["--status-poll-interval", "100ms", "--unknown-grace", "2s"])
+            .args(["--shutdown-timeout", "3s"])
+            // A stopped process's open transaction holds claim rows until PostgreSQL ends
+            // it; keep that shorter than the fast expiry.
+            .args([
+                "--idle-in-transaction-timeout",
+                "1s",
+                "--lock-timeout",
+                "1s",
+            ])
+            .env("DLTSUB_CHAOS", plan)
+            .env("DLTSUB_CHAOS_REPORT", &report)
+            .env("DLTSUB_LOG", "warn")
+            .env_remove("DLTSUB_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start an instance")?;
+        let pid = child.id().context("instance exited at once")?;
+        self.instances.push(Instance {
+            child,
+            pid,
+            report,
+            log,
+        });
+        Ok(index)
+    }
+
+    /// The instance id (`host:pid:suffix`) of instance `index`, once it has registered.
+    pub async fn instance_id(&self, index: usize) -> anyhow::Result<Option<String>> {
+        let pid = i64::from(self.instances[index].pid);
+        Ok(self
+            .store
+            .instances()
+            .await?
+            .into_iter()
+            .find(|record| record.pid == pid)
+            .map(|record| record.instance_id))
+    }
+
+    /// Services held by `instance_id` now.
+    pub async fn held_by(&self, instance_id: &str) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .store
+            .claims()
+            .await?
+            .into_iter()
+            .filter(|claim| claim.claimant.as_deref() == Some(instance_id))
+            .map(|claim| claim.service_id)
+            .collect())
+    }
+
+    /// Waits until `condition` holds, checking every 50 ms, for at most `timeout`.
+    pub async fn wait_until<F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut condition: F,
+    ) -> anyhow::Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<bool>>,
+    {
+        let deadline = Instant::now() + timeout;
+        while !condition().await? {
+            if Instant::now() > deadline {
+                bail!("timed out after {timeout:?} waiting for {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Sends a signal through kill(1) (the workspace forbids unsafe code).
+    pub async fn signal(&self, index: usize, signal: &str) {
+        let _ = Command::new("kill")
+            .args([signal, &self.instances[index].pid.to_string()])
+            .status()
+            .await;
+    }
+
+    /// SIGCONT then SIGTERM to every instance still running, and waits for each (SIGKILL
+    /// after 15 s).
+    pub async fn stop_all(&mut self) {
+        for index in 0..self.instances.len() {
+            self.signal(index, "-CONT").await;
+            self.signal(index, "-TERM").await;
+        }
+        for instance in &mut self.instances {
+            if tokio::time::timeout(Duration::from_secs(15), instance.child.wait())
+                .await
+                .is_err()
+            {
+                let _ = instance.child.kill().await;
+            }
+        }
+    }
+
+    /// Keeps the directory (logs, reports) for a failed scenario and returns its path.
+    pub fn keep(self) -> PathBuf {
+        let Cluster { dir, .. } = self;
+        dir.keep()
+    }
+}
+
+/// The rules that fired in one instance, from its report file.
+pub fn fired(report: &Path) -> Vec<(String, u64)> {
+    std::fs::read_to_string(report)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|value| {
+            (
+                value["rule"].as_str().unwrap_or("?").to_string(),
+                value["at_us"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,304 @@
+//! `chaos`: runs dltsub under faults and checks the invariants.
+//!
+//! ```text
+//! chaos matrix [--backend postgres|sqlite]      the single-fault matrix, a table, exit 1 on any broken invariant
+//! chaos one --plan E5.after@3 --fault delay      one scenario (the replay command the table prints)
+//! chaos soak --duration 30m [--seed N]           random scenarios until the time is up
+//! ```
+//!
+//! Instances are this binary's hidden `instance` subcommand: dltsub's own instance code,
+//! compiled with the chaos event points.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use chaos::{Fault, Outcome, Scenario, matrix, run_scenario};
+use clap::{Parser, Subcommand, ValueEnum};
+use dltsub::config::{Config, ConfigArgs};
+use dltsub_store::testing::TestBackend;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "chaos",
+    about = "dltsub under faults, and the invariant checker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl From<Backend> for TestBackend {
+    fn from(backend: Backend) -> Self {
+        match backend {
+            Backend::Postgres => TestBackend::Postgres,
+            Backend::Sqlite => TestBackend::Sqlite,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FaultArg {
+    Pass,
+    Delay,
+    Fail,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The single-fault matrix: each event point × PASS, DELAY, FAIL.
+    Matrix {
+        #[arg(long, value_enum, default_value = "postgres")]
+        backend: Backend,
+        /// Only scenarios whose point starts with this (e.g. E5).
+        #[arg(long)]
+        only: Option<String>,
+    },
+    /// One scenario, e.g. `--plan E5.after@3 --fault delay`.
+    One {
+        #[arg(long)]
+        plan: String,
+        #[arg(long, value_enum)]
+        fault: FaultArg,
+        #[arg(long, value_enum, default_value = "postgres")]
+        backend: Backend,
+    },
+    /// Random single-fault scenarios (point, hit, fault from the seed) until the time is up.
+    Soak {
+        #[arg(long, value_parser = humantime_duration)]
+        duration: Duration,
+        /// Seed of the random schedule (default: the clock).
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long, value_enum, default_value = "postgres")]
+        backend: Backend,
+    },
+    /// One dltsub instance with the chaos event points (what the harness starts).
+    #[command(hide = true)]
+    Instance {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+}
+
+fn humantime_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration"))?;
+    match unit {
+        "s" => Ok(Duration::from_secs(number)),
+        "m" => Ok(Duration::from_secs(number * 60)),
+        "h" => Ok(Duration::from_secs(number * 3600)),
+        _ => Err(format!("{text:?}: use s, m or h")),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    match cli.command {
+        Command::Instance { config } => {
+            tracing_init();
+            dltsub_chaos_points::init();
+            let config = Config::load(&config)?;
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let signal = shutdown.clone();
+            tokio::spawn(async move {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                term.recv().await;
+                signal.cancel();
+            });
+            dltsub::run::run(&config, shutdown, None).await?;
+            Ok(true)
+        }
+        Command::Matrix { backend, only } => {
+            let scenarios: Vec<Scenario> = matrix()
+                .into_iter()
+                .filter(|s| {
+                    only.as_deref()
+                        .is_none_or(|p| s.point.to_string().starts_with(p))
+                })
+                .collect();
+            run_all(backend, scenarios).await
+        }
+        Command::One {
+            plan,
+            fault,
+            backend,
+        } => {
+            let scenario = parse_one(&plan, fault)?;
+            run_all(backend, vec![scenario]).await
+        }
+        Command::Soak {
+            duration,
+            seed,
+            backend,
+        } => {
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+            println!("soak for {duration:?}, seed {seed}");
+            let all = matrix();
+            let mut state = seed | 1;
+            let mut next = move || {
+                // xorshift64*: a reproducible schedule from the seed.
+                state ^= state >> 12;
+                state ^= state << 25;
+                state ^= state >> 27;
+                state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+            };
+            let deadline = Instant::now() + duration;
+            let mut outcomes = Vec::new();
+            let mut ok = true;
+            while Instant::now() < deadline {
+                let mut scenario = all[(next() % all.len() as u64) as usize];
+                scenario.hit = 1 + next() % 5;
+                let outcome = run_scenario(backend.into(), scenario).await?;
+                print_row(&outcome);
+                ok &= outcome.passed();
+                outcomes.push(outcome);
+            }
+            print_table(&outcomes);
+            Ok(ok)
+        }
+    }
+}
+
+fn parse_one(plan: &str, fault: FaultArg) -> anyhow::Result<Scenario> {
+    let (point, hit) = plan.split_once('@').unwrap_or((plan, "1"));
+    Ok(Scenario {
+        point: point.parse().map_err(anyhow::Error::msg)?,
+        hit: hit.parse()?,
+        fault: match fault {
+            FaultArg::Pass => Fault::Pass,
+            FaultArg::Delay => Fault::Delay,
+            FaultArg::Fail => Fault::Fail,
+        },
+    })
+}
+
+async fn run_all(backend: Backend, scenarios: Vec<Scenario>) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    for scenario in scenarios {
+        let outcome = run_scenario(backend.into(), scenario).await?;
+        print_row(&outcome);
+        outcomes.push(outcome);
+    }
+    print_table(&outcomes);
+    println!(
+        "{} scenarios in {:.0}s",
+        outcomes.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(outcomes.iter().all(Outcome::passed))
+}
+
+/// Logs of an instance go to its stderr (a file the harness keeps for failed scenarios);
+/// `DLTSUB_LOG` takes a tracing filter.
+fn tracing_init() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DLTSUB_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn fault_word(outcome: &Outcome) -> String {
+    let mode = match outcome.scenario.fault {
+        Fault::Pass => "pass",
+        Fault::Delay => "delay",
+        Fault::Fail => "fail",
+    };
+    format!(
+        "cargo run -p chaos -- one --plan {}@{} --fault {mode}",
+        outcome.scenario.point, outcome.scenario.hit
+    )
+}
+
+fn print_row(outcome: &Outcome) {
+    let verdict = if outcome.passed() { "ok" } else { "FAILED" };
+    eprintln!(
+        "{verdict:6} {:<22} {:5.1}s",
+        outcome.scenario.to_string(),
+        outcome.elapsed.as_secs_f64()
+    );
+    if !outcome.passed() {
+        for problem in &outcome.problems {
+            eprintln!("         - {problem}");
+        }
+        if let Some(kept) = &outcome.kept {
+            eprintln!("         logs: {}", kept.display());
+        }
+        eprintln!("         replay: {}", fault_word(outcome));
+    }
+}
+
+fn print_table(outcomes: &[Outcome]) {
+    println!(
+        "{:<22} {:>5} {:>7} {:>4} {:>8} {:>5} {:>5} {:>9} {:>9}  result",
+        "scenario",
+        "fired",
+        "batches",
+        "lost",
+        "disagree",
+        "order",
+        "stale",
+        "dup POSTs",
+        "failover"
+    );
+    for outcome in outcomes {
+        let f = &outcome.findings;
+        let failover = outcome
+            .failover
+            .map(|d| format!("{:.1}s", d.as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
+        let dups = if f.duplicate_batches > 0 && outcome.scenario.duplicate_allowed() {
+            format!("{} (window)", f.duplicate_batches)
+        } else {
+            f.duplicate_batches.to_string()
+        };
+        println!(
+            "{:<22} {:>5} {:>7} {:>4} {:>8} {:>5} {:>5} {:>9} {:>9}  {}",
+            outcome.scenario.to_string(),
+            if outcome.fired { "yes" } else { "NO" },
+            f.batches,
+            f.lost,
+            f.disagreements,
+            f.order_violations,
+            f.stale_writes,
+            dups,
+            failover,
+            if outcome.passed() { "ok" } else { "FAILED" }
+        );
+    }
+}

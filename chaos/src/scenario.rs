@@ -1,0 +1,299 @@
+//! One scenario: a cluster of two instances, a workload over several services, one fault
+//! at one event point of the instance that holds the services, then drain and check.
+//!
+//! PASS lets the point go by; DELAY stops the whole process there (SIGSTOP) for longer
+//! than the slow expiry, then resumes it (SIGCONT), so it carries on with a claim it no
+//! longer holds; FAIL kills it there (SIGKILL).
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use dltsub_chaos_points::{Event, Phase, Point};
+use dltsub_store::NewBatch;
+use dltsub_store::testing::TestBackend;
+use dltsub_wire::{Batch, BatchList, Transaction};
+use prost::Message;
+
+use crate::check::{Findings, check};
+use crate::cluster::{Cluster, FAST_EXPIRY, RENEW_INTERVAL, SLOW_EXPIRY, fired};
+
+/// What happens at the point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    Pass,
+    Delay,
+    Fail,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fault::Pass => "PASS",
+            Fault::Delay => "DELAY",
+            Fault::Fail => "FAIL",
+        })
+    }
+}
+
+/// A fault at the `hit`-th time the holder reaches `point`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scenario {
+    pub point: Point,
+    pub hit: u64,
+    pub fault: Fault,
+}
+
+impl Scenario {
+    /// The plan given to the faulted instance.
+    pub fn plan(&self) -> String {
+        let action = match self.fault {
+            Fault::Pass => "pass",
+            Fault::Delay => "stop",
+            Fault::Fail => "kill",
+        };
+        format!("{}@{}={action}", self.point, self.hit)
+    }
+
+    /// Whether a duplicate POST is possible by design here: only a stall between the
+    /// self-fencing check and the socket write (DESIGN.md §3, the one residual window).
+    pub fn duplicate_allowed(&self) -> bool {
+        self.fault == Fault::Delay
+            && self.point.event == Event::E6
+            && self.point.phase == Phase::Before
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}@{}", self.fault, self.point, self.hit)
+    }
+}
+
+/// The single-fault matrix: every event at the phase where a fault bites, × PASS, DELAY,
+/// FAIL; plus E6.before, the self-fencing window.
+pub fn matrix() -> Vec<Scenario> {
+    let points: [(Event, Phase, u64); 10] = [
+        (Event::E1, Phase::Before, 2),
+        (Event::E2, Phase::After, 1),
+        (Event::E3, Phase::After, 3),
+        (Event::E4, Phase::After, 3),
+        (Event::E5, Phase::After, 3),
+        (Event::E6, Phase::Before, 3),
+        (Event::E6, Phase::After, 3),
+        (Event::E7, Phase::Before, 3),
+        (Event::E8, Phase::Before, 3),
+        (Event::E9, Phase::Before, 2),
+    ];
+    let mut scenarios = Vec::new();
+    for (event, phase, hit) in points {
+        for fault in [Fault::Pass, Fault::Delay, Fault::Fail] {
+            scenarios.push(Scenario {
+                point: Point { event, phase },
+                hit,
+                fault,
+            });
+        }
+    }
+    scenarios
+}
+
+/// One row of the result table.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub scenario: Scenario,
+    /// The rule fired in the faulted instance (coverage).
+    pub fired: bool,
+    pub findings: Findings,
+    /// From the fault until every service the faulted instance held had another holder.
+    pub failover: Option<Duration>,
+    pub elapsed: Duration,
+    /// Why the scenario failed, if it did.
+    pub problems: Vec<String>,
+    /// Where the logs are kept when it failed.
+    pub kept: Option<std::path::PathBuf>,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+const SERVICES: u64 = 4;
+const BATCHES_PER_SERVICE: u64 = 16;
+/// How long the drain may take after the fault.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn batch(service: u64, n: u64) -> NewBatch {
+    let batch_id = format!("{service:064x}{n:064x}");
+    // One batch per service is rejected by the ledger.
+    let payload = if n == 5 {
+        format!("invalid batch {n}")
+    } else {
+        format!("batch {n}")
+    };
+    let list = BatchList {
+        batches: vec![Batch {
+            header: vec![service as u8, n as u8],
+            header_signature: batch_id.clone(),
+            transactions: vec![Transaction {
+                header: vec![1],
+                header_signature: format!("{:064x}{:064x}", service + 1000, n),
+                payload: payload.into_bytes(),
+            }],
+            trace: false,
+        }],
+    };
+    NewBatch {
+        batch_id,
+        serialized_batch: list.encode_to_vec(),
+    }
+}
+
+/// Runs one scenario on `backend` and checks the invariants.
+pub async fn run_scenario(backend: TestBackend, scenario: Scenario) -> anyhow::Result<Outcome> {
+    let started = Instant::now();
+    let mut cluster = Cluster::start(backend).await?;
+    for service in 0..SERVICES {
+        let batches: Vec<NewBatch> = (0..BATCHES_PER_SERVICE)
+            .map(|n| batch(service, n))
+            .collect();
+        cluster
+            .store
+            .enqueue(&format!("chaos::svc{service}"), &batches)
+            .await?;
+    }
+
+    // The faulted instance starts alone, so it is the one that holds the services; the
+    // second joins once the first has registered.
+    let faulted = cluster.add_instance(&scenario.plan())?;
+    cluster
+        .wait_until(
+            "the first instance to register",
+            Duration::from_secs(30),
+            || async { Ok(cluster.instance_id(faulted).await?.is_some()) },
+        )
+        .await?;
+    let faulted_id = cluster
+        .instance_id(faulted)
+        .await?
+        .context("the faulted instance vanished")?;
+    cluster.add_instance("")?;
+    let report = cluster.instances[faulted].report.clone();
+
+    // Wait for the fault to fire (or for the work to finish without it).
+    let fired_at = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some((_, at_us)) = fired(&report).into_iter().next() {
+                break Some(at_us);
+            }
+            if Instant::now() > deadline || unfinished(&cluster).await? == 0 {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let fault_instant = Instant::now();
+    let held_at_fault = cluster.held_by(&faulted_id).await?;
+    // A holder that dies with batches mid-submission keeps its services until the slow
+    // expiry (the ledger must be asked about them); otherwise they move after the fast one.
+    let mid_submission = cluster
+        .store
+        .count_unfinished_by_status()
+        .await?
+        .get(&dltsub_store::BatchStatus::Submitting)
+        .is_some_and(|count| *count > 0);
+
+    // Failover: every service the faulted instance held gets another holder.
+    let mut failover = None;
+    if fired_at.is_some() && scenario.fault != Fault::Pass {
+        let limit = SLOW_EXPIRY + Duration::from_secs(10);
+        while fault_instant.elapsed() < limit {
+            let still: Vec<String> = cluster.held_by(&faulted_id).await?;
+            if held_at_fault.iter().all(|service| !still.contains(service)) {
+                failover = Some(fault_instant.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if scenario.fault == Fault::Delay {
+            // Stay stopped past the slow expiry, then carry on with stale state.
+            let resume_at = SLOW_EXPIRY + Duration::from_secs(1);
+            if let Some(wait) = resume_at.checked_sub(fault_instant.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+            cluster.signal(faulted, "-CONT").await;
+        }
+    }
+
+    let drained = cluster
+        .wait_until("every batch to be final", DRAIN_TIMEOUT, || async {
+            Ok(unfinished(&cluster).await? == 0)
+        })
+        .await;
+    // Let a resumed instance act on its stale state before checking.
+    tokio::time::sleep(RENEW_INTERVAL * 2).await;
+    cluster.stop_all().await;
+    let findings = check(&cluster.store, &cluster.ledger).await?;
+
+    let mut problems = Vec::new();
+    if let Err(error) = drained {
+        problems.push(error.to_string());
+    }
+    if fired_at.is_none() {
+        problems.push(format!("{} never fired", scenario.plan()));
+    }
+    if !findings.invariants_hold() {
+        problems.extend(findings.details.iter().cloned());
+    }
+    if findings.duplicate_batches > 0 && !scenario.duplicate_allowed() {
+        problems.push(format!(
+            "{} duplicate POSTs where self-fencing must prevent them",
+            findings.duplicate_batches
+        ));
+    }
+    // A dead holder's services move within the fast expiry plus a tick (or the slow
+    // expiry if it died mid-submission) — measured from the fault's report.
+    if scenario.fault == Fault::Fail && !held_at_fault.is_empty() {
+        let expiry = if mid_submission {
+            SLOW_EXPIRY
+        } else {
+            FAST_EXPIRY
+        };
+        // One tick, plus the jitter between ticks and the harness's own polling.
+        let bound = expiry + RENEW_INTERVAL * 2;
+        match failover {
+            Some(after) if after <= bound => {}
+            Some(after) => problems.push(format!(
+                "failover took {after:?}, over {bound:?} ({} expiry + tick)",
+                if mid_submission { "slow" } else { "fast" }
+            )),
+            None => problems.push("the dead instance's services never moved".into()),
+        }
+    }
+    let kept = if problems.is_empty() {
+        None
+    } else {
+        Some(cluster.keep())
+    };
+    Ok(Outcome {
+        scenario,
+        fired: fired_at.is_some(),
+        findings,
+        failover,
+        elapsed: started.elapsed(),
+        problems,
+        kept,
+    })
+}
+
+async fn unfinished(cluster: &Cluster) -> anyhow::Result<i64> {
+    Ok(cluster
+        .store
+        .count_unfinished_by_status()
+        .await?
+        .values()
+        .sum())
+}
