@@ -31,6 +31,8 @@ pub struct Cluster {
     pub ledger: Devnet,
     pub dir: tempfile::TempDir,
     pub instances: Vec<Instance>,
+    /// The deliberately broken variant the next instance runs (`DLTSUB_CHAOS_BROKEN`).
+    pub broken: Option<String>,
     exe: PathBuf,
 }
 
@@ -48,6 +50,7 @@ impl Cluster {
             ledger,
             dir: tempfile::tempdir()?,
             instances: Vec::new(),
+            broken: None,
             exe: std::env::current_exe().context("cannot find the chaos executable")?,
         })
     }
@@ -88,6 +91,7 @@ impl Cluster {
             ])
             .env("DLTSUB_CHAOS", plan)
             .env("DLTSUB_CHAOS_REPORT", &report)
+            .env("DLTSUB_CHAOS_BROKEN", self.broken.as_deref().unwrap_or(""))
             .env("DLTSUB_LOG", "warn")
             .env_remove("DLTSUB_CONFIG")
             .stdout(Stdio::null())

@@ -5,4 +5,4 @@ pub mod cluster;
 pub mod scenario;
 
 pub use check::{Findings, check};
-pub use scenario::{Fault, Outcome, Scenario, matrix, run_scenario};
+pub use scenario::{Fault, Outcome, Scenario, matrix, run_scenario, run_scenario_with};

@@ -12,7 +12,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use chaos::{Fault, Outcome, Scenario, matrix, run_scenario};
+use chaos::{Fault, Outcome, Scenario, matrix, run_scenario, run_scenario_with};
 use clap::{Parser, Subcommand, ValueEnum};
 use dltsub::config::{Config, ConfigArgs};
 use dltsub_store::testing::TestBackend;
@@ -47,6 +47,7 @@ enum FaultArg {
     Pass,
     Delay,
     Fail,
+    Error,
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,6 +68,10 @@ enum Command {
         fault: FaultArg,
         #[arg(long, value_enum, default_value = "postgres")]
         backend: Backend,
+        /// Run the faulted instance as a deliberately broken variant (e.g.
+        /// resubmit-in-doubt), to see the checker catch it.
+        #[arg(long)]
+        broken: Option<String>,
     },
     /// Random single-fault scenarios (point, hit, fault from the seed) until the time is up.
     Soak {
@@ -150,9 +155,13 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             plan,
             fault,
             backend,
+            broken,
         } => {
             let scenario = parse_one(&plan, fault)?;
-            run_all(backend, vec![scenario]).await
+            let outcome = run_scenario_with(backend.into(), scenario, broken.as_deref()).await?;
+            print_row(&outcome);
+            print_table(std::slice::from_ref(&outcome));
+            Ok(outcome.passed())
         }
         Command::Soak {
             duration,
@@ -201,6 +210,7 @@ fn parse_one(plan: &str, fault: FaultArg) -> anyhow::Result<Scenario> {
             FaultArg::Pass => Fault::Pass,
             FaultArg::Delay => Fault::Delay,
             FaultArg::Fail => Fault::Fail,
+            FaultArg::Error => Fault::Error,
         },
     })
 }
@@ -238,6 +248,7 @@ fn fault_word(outcome: &Outcome) -> String {
         Fault::Pass => "pass",
         Fault::Delay => "delay",
         Fault::Fail => "fail",
+        Fault::Error => "error",
     };
     format!(
         "cargo run -p chaos -- one --plan {}@{} --fault {mode}",

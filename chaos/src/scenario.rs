@@ -24,6 +24,8 @@ pub enum Fault {
     Pass,
     Delay,
     Fail,
+    /// The caller's failure path at the point (a lost answer, a failed write).
+    Error,
 }
 
 impl fmt::Display for Fault {
@@ -32,6 +34,7 @@ impl fmt::Display for Fault {
             Fault::Pass => "PASS",
             Fault::Delay => "DELAY",
             Fault::Fail => "FAIL",
+            Fault::Error => "ERROR",
         })
     }
 }
@@ -51,6 +54,7 @@ impl Scenario {
             Fault::Pass => "pass",
             Fault::Delay => "stop",
             Fault::Fail => "kill",
+            Fault::Error => "error",
         };
         format!("{}@{}={action}", self.point, self.hit)
     }
@@ -153,8 +157,19 @@ fn batch(service: u64, n: u64) -> NewBatch {
 
 /// Runs one scenario on `backend` and checks the invariants.
 pub async fn run_scenario(backend: TestBackend, scenario: Scenario) -> anyhow::Result<Outcome> {
+    run_scenario_with(backend, scenario, None).await
+}
+
+/// [`run_scenario`], the faulted instance running the deliberately broken variant
+/// `broken` (see `dltsub_chaos_points::broken`) if given.
+pub async fn run_scenario_with(
+    backend: TestBackend,
+    scenario: Scenario,
+    broken: Option<&str>,
+) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let mut cluster = Cluster::start(backend).await?;
+    cluster.broken = broken.map(str::to_string);
     for service in 0..SERVICES {
         let batches: Vec<NewBatch> = (0..BATCHES_PER_SERVICE)
             .map(|n| batch(service, n))
@@ -168,6 +183,8 @@ pub async fn run_scenario(backend: TestBackend, scenario: Scenario) -> anyhow::R
     // The faulted instance starts alone, so it is the one that holds the services; the
     // second joins once the first has registered.
     let faulted = cluster.add_instance(&scenario.plan())?;
+    // Only the faulted instance runs a broken variant.
+    cluster.broken = None;
     cluster
         .wait_until(
             "the first instance to register",
@@ -208,7 +225,7 @@ pub async fn run_scenario(backend: TestBackend, scenario: Scenario) -> anyhow::R
 
     // Failover: every service the faulted instance held gets another holder.
     let mut failover = None;
-    if fired_at.is_some() && scenario.fault != Fault::Pass {
+    if fired_at.is_some() && matches!(scenario.fault, Fault::Delay | Fault::Fail) {
         let limit = SLOW_EXPIRY + Duration::from_secs(10);
         while fault_instant.elapsed() < limit {
             let still: Vec<String> = cluster.held_by(&faulted_id).await?;

@@ -222,6 +222,7 @@ const OTHER_ENV_VARS: &[&str] = &[
     // The chaos plan and report file of chaos builds (chaos/points).
     "DLTSUB_CHAOS",
     "DLTSUB_CHAOS_REPORT",
+    "DLTSUB_CHAOS_BROKEN",
 ];
 
 fn env_name(key: &str) -> String {

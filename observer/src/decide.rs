@@ -70,6 +70,14 @@ pub fn after_post(
             transition.last_error = Some(error.clone());
             transition
         }
+        // The deliberately broken variant of chaos builds: retry without asking the ledger,
+        // which re-executes the batch on scabbard. Never compiled into a production build.
+        PostOutcome::InDoubt { error } if dltsub_chaos_points::broken("resubmit-in-doubt") => {
+            let mut transition = Transition::new(seq, from, BatchStatus::Queued);
+            transition.retry_after = Some(Duration::ZERO);
+            transition.last_error = Some(format!("BROKEN VARIANT: resubmitting blindly: {error}"));
+            transition
+        }
         PostOutcome::InDoubt { error } => {
             let mut transition = Transition::new(seq, from, BatchStatus::InDoubt);
             transition.last_error = Some(error.clone());

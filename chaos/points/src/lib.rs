@@ -325,6 +325,33 @@ mod enabled {
     }
 }
 
+/// Whether this process runs the deliberately broken variant `name`, named in
+/// `DLTSUB_CHAOS_BROKEN` (comma-separated). Chaos builds only, to prove the checker can
+/// fail; always false otherwise.
+#[cfg(feature = "enabled")]
+pub fn broken(name: &str) -> bool {
+    static BROKEN: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    BROKEN
+        .get_or_init(|| {
+            std::env::var("DLTSUB_CHAOS_BROKEN")
+                .unwrap_or_default()
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .iter()
+        .any(|b| b == name)
+}
+
+/// Production builds are never broken on purpose.
+#[cfg(not(feature = "enabled"))]
+#[inline(always)]
+pub fn broken(name: &str) -> bool {
+    let _ = name;
+    false
+}
+
 /// Reads and validates the plan now (a bad plan exits 2) rather than at the first point.
 #[cfg(feature = "enabled")]
 pub fn init() {
