@@ -192,7 +192,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 scenario.hit = 1 + next() % 5;
                 let outcome = run_scenario(backend.into(), scenario).await?;
                 print_row(&outcome);
-                ok &= outcome.passed();
+                ok &= outcome.invariants_held();
                 outcomes.push(outcome);
             }
             print_table(&outcomes);
@@ -263,6 +263,12 @@ fn print_row(outcome: &Outcome) {
         outcome.scenario.to_string(),
         outcome.elapsed.as_secs_f64()
     );
+    if !outcome.fired {
+        eprintln!(
+            "         - {}@{} was never reached",
+            outcome.scenario.point, outcome.scenario.hit
+        );
+    }
     if !outcome.passed() {
         for problem in &outcome.problems {
             eprintln!("         - {problem}");
@@ -309,7 +315,13 @@ fn print_table(outcomes: &[Outcome]) {
             f.stale_writes,
             dups,
             failover,
-            if outcome.passed() { "ok" } else { "FAILED" }
+            if outcome.passed() {
+                "ok"
+            } else if outcome.invariants_held() {
+                "not reached"
+            } else {
+                "FAILED"
+            }
         );
     }
 }
