@@ -64,12 +64,25 @@ impl Cluster {
 
     /// Starts one instance with the chaos `plan` (empty: no faults).
     pub fn add_instance(&mut self, plan: &str) -> anyhow::Result<usize> {
+        self.add_instance_via(plan, None, None)
+    }
+
+    /// Like [`Cluster::add_instance`], reaching the database and the ledger at other URLs
+    /// (through fault proxies) when given.
+    pub fn add_instance_via(
+        &mut self,
+        plan: &str,
+        database_url: Option<String>,
+        ledger_url: Option<String>,
+    ) -> anyhow::Result<usize> {
+        let database_url = database_url.unwrap_or_else(|| self.database_url());
+        let ledger_url = ledger_url.unwrap_or_else(|| self.ledger.base_url().to_string());
         let index = self.instances.len();
         let report = self.dir.path().join(format!("chaos-{index}.jsonl"));
         let log = self.dir.path().join(format!("instance-{index}.log"));
         let child = Command::new(&self.exe)
-            .args(["instance", "--database-url", &self.database_url()])
-            .args(["--dlt-url", self.ledger.base_url()])
+            .args(["instance", "--database-url", &database_url])
+            .args(["--dlt-url", &ledger_url])
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
             .args(["--migrate-on-start", "false"])
             .args(["--fast-expiry", &format!("{}ms", FAST_EXPIRY.as_millis())])

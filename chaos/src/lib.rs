@@ -2,6 +2,8 @@
 
 pub mod check;
 pub mod cluster;
+pub mod network;
+pub mod proxy;
 pub mod scenario;
 
 pub use check::{Findings, check};

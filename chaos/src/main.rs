@@ -56,7 +56,7 @@ enum Command {
     Matrix {
         #[arg(long, value_enum, default_value = "postgres")]
         backend: Backend,
-        /// Only scenarios whose point starts with this (e.g. E5).
+        /// Only scenarios whose name contains this (e.g. E5, DELAY, NET, dlt).
         #[arg(long)]
         only: Option<String>,
     },
@@ -142,14 +142,19 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             Ok(true)
         }
         Command::Matrix { backend, only } => {
+            let wanted = |name: &str| only.as_deref().is_none_or(|p| name.contains(p));
             let scenarios: Vec<Scenario> = matrix()
                 .into_iter()
-                .filter(|s| {
-                    only.as_deref()
-                        .is_none_or(|p| s.point.to_string().starts_with(p))
-                })
+                .filter(|s| wanted(&s.to_string()))
                 .collect();
-            run_all(backend, scenarios).await
+            let mut network = Vec::new();
+            if matches!(backend, Backend::Postgres) {
+                network = chaos::network::net_matrix()
+                    .into_iter()
+                    .filter(|s| wanted(&s.to_string()))
+                    .collect();
+            }
+            run_all(backend, scenarios, network).await
         }
         Command::One {
             plan,
@@ -215,11 +220,20 @@ fn parse_one(plan: &str, fault: FaultArg) -> anyhow::Result<Scenario> {
     })
 }
 
-async fn run_all(backend: Backend, scenarios: Vec<Scenario>) -> anyhow::Result<bool> {
+async fn run_all(
+    backend: Backend,
+    scenarios: Vec<Scenario>,
+    network: Vec<chaos::network::NetScenario>,
+) -> anyhow::Result<bool> {
     let started = Instant::now();
     let mut outcomes = Vec::new();
     for scenario in scenarios {
         let outcome = run_scenario(backend.into(), scenario).await?;
+        print_row(&outcome);
+        outcomes.push(outcome);
+    }
+    for scenario in network {
+        let outcome = chaos::network::run_net_scenario(scenario).await?;
         print_row(&outcome);
         outcomes.push(outcome);
     }
@@ -243,31 +257,15 @@ fn tracing_init() {
         .init();
 }
 
-fn fault_word(outcome: &Outcome) -> String {
-    let mode = match outcome.scenario.fault {
-        Fault::Pass => "pass",
-        Fault::Delay => "delay",
-        Fault::Fail => "fail",
-        Fault::Error => "error",
-    };
-    format!(
-        "cargo run -p chaos -- one --plan {}@{} --fault {mode}",
-        outcome.scenario.point, outcome.scenario.hit
-    )
-}
-
 fn print_row(outcome: &Outcome) {
     let verdict = if outcome.passed() { "ok" } else { "FAILED" };
     eprintln!(
-        "{verdict:6} {:<22} {:5.1}s",
-        outcome.scenario.to_string(),
+        "{verdict:6} {:<30} {:5.1}s",
+        outcome.name,
         outcome.elapsed.as_secs_f64()
     );
     if !outcome.fired {
-        eprintln!(
-            "         - {}@{} was never reached",
-            outcome.scenario.point, outcome.scenario.hit
-        );
+        eprintln!("         - the fault was never reached");
     }
     if !outcome.passed() {
         for problem in &outcome.problems {
@@ -276,13 +274,13 @@ fn print_row(outcome: &Outcome) {
         if let Some(kept) = &outcome.kept {
             eprintln!("         logs: {}", kept.display());
         }
-        eprintln!("         replay: {}", fault_word(outcome));
+        eprintln!("         replay: {}", outcome.replay);
     }
 }
 
 fn print_table(outcomes: &[Outcome]) {
     println!(
-        "{:<22} {:>5} {:>7} {:>4} {:>8} {:>5} {:>5} {:>9} {:>9}  result",
+        "{:<30} {:>5} {:>7} {:>4} {:>8} {:>5} {:>5} {:>9} {:>9}  result",
         "scenario",
         "fired",
         "batches",
@@ -299,14 +297,14 @@ fn print_table(outcomes: &[Outcome]) {
             .failover
             .map(|d| format!("{:.1}s", d.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
-        let dups = if f.duplicate_batches > 0 && outcome.scenario.duplicate_allowed() {
+        let dups = if f.duplicate_batches > 0 && outcome.duplicate_allowed {
             format!("{} (window)", f.duplicate_batches)
         } else {
             f.duplicate_batches.to_string()
         };
         println!(
-            "{:<22} {:>5} {:>7} {:>4} {:>8} {:>5} {:>5} {:>9} {:>9}  {}",
-            outcome.scenario.to_string(),
+            "{:<30} {:>5} {:>7} {:>4} {:>8} {:>5} {:>5} {:>9} {:>9}  {}",
+            outcome.name,
             if outcome.fired { "yes" } else { "NO" },
             f.batches,
             f.lost,

@@ -105,7 +105,12 @@ pub fn matrix() -> Vec<Scenario> {
 /// One row of the result table.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    pub scenario: Scenario,
+    /// What the table calls it, e.g. `DELAY E5.after@3` or `NET ledger: reset`.
+    pub name: String,
+    /// The command that runs it again.
+    pub replay: String,
+    /// Whether a duplicate POST is allowed by design (the self-fencing window).
+    pub duplicate_allowed: bool,
     /// The rule fired in the faulted instance (coverage).
     pub fired: bool,
     pub findings: Findings,
@@ -131,12 +136,12 @@ impl Outcome {
     }
 }
 
-const SERVICES: u64 = 4;
-const BATCHES_PER_SERVICE: u64 = 16;
+pub(crate) const SERVICES: u64 = 4;
+pub(crate) const BATCHES_PER_SERVICE: u64 = 16;
 /// How long the drain may take after the fault.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn batch(service: u64, n: u64) -> NewBatch {
+pub(crate) fn batch(service: u64, n: u64) -> NewBatch {
     let batch_id = format!("{service:064x}{n:064x}");
     // One batch per service is rejected by the ledger.
     let payload = if n == 5 {
@@ -299,8 +304,26 @@ pub async fn run_scenario_with(
     } else {
         Some(cluster.keep())
     };
+    let mode = match scenario.fault {
+        Fault::Pass => "pass",
+        Fault::Delay => "delay",
+        Fault::Fail => "fail",
+        Fault::Error => "error",
+    };
+    let mut replay = format!(
+        "cargo run -p chaos -- one --plan {}@{} --fault {mode}",
+        scenario.point, scenario.hit
+    );
+    if let Some(broken) = broken {
+        replay.push_str(&format!(" --broken {broken}"));
+    }
+    if backend == TestBackend::Sqlite {
+        replay.push_str(" --backend sqlite");
+    }
     Ok(Outcome {
-        scenario,
+        name: scenario.to_string(),
+        replay,
+        duplicate_allowed: scenario.duplicate_allowed(),
         fired: fired_at.is_some(),
         findings,
         failover,
@@ -310,7 +333,7 @@ pub async fn run_scenario_with(
     })
 }
 
-async fn unfinished(cluster: &Cluster) -> anyhow::Result<i64> {
+pub(crate) async fn unfinished(cluster: &Cluster) -> anyhow::Result<i64> {
     Ok(cluster
         .store
         .count_unfinished_by_status()
