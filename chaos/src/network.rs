@@ -7,13 +7,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use dltsub_store::DatabaseUrl;
 use dltsub_store::testing::TestBackend;
-use dltsub_store::{DatabaseUrl, NewBatch};
 
-use crate::check::check;
-use crate::cluster::{Cluster, RENEW_INTERVAL, SLOW_EXPIRY};
+use crate::cluster::Cluster;
 use crate::proxy::{NetFault, Proxy};
-use crate::scenario::{BATCHES_PER_SERVICE, DRAIN_TIMEOUT, Outcome, SERVICES, batch, unfinished};
+use crate::scenario::{Outcome, drain_and_check, enqueue_workload};
 
 /// Which link of the faulted instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,15 +79,7 @@ const FAULT_TIME: Duration = Duration::from_secs(6);
 pub async fn run_net_scenario(scenario: NetScenario) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let mut cluster = Cluster::start(TestBackend::Postgres).await?;
-    for service in 0..SERVICES {
-        let batches: Vec<NewBatch> = (0..BATCHES_PER_SERVICE)
-            .map(|n| batch(service, n))
-            .collect();
-        cluster
-            .store
-            .enqueue(&format!("chaos::svc{service}"), &batches)
-            .await?;
-    }
+    enqueue_workload(&cluster).await?;
     let DatabaseUrl::Postgres(database_url) = &cluster.database.options.url else {
         anyhow::bail!("network scenarios need PostgreSQL");
     };
@@ -148,29 +139,13 @@ pub async fn run_net_scenario(scenario: NetScenario) -> anyhow::Result<Outcome> 
     proxy.set(NetFault::None);
     let fired = proxy.affected.load(Ordering::Relaxed) > 0;
 
-    let drained = cluster
-        .wait_until("every batch to be final", DRAIN_TIMEOUT, || async {
-            Ok(unfinished(&cluster).await? == 0)
-        })
-        .await;
-    tokio::time::sleep(RENEW_INTERVAL * 2).await;
-    cluster.stop_all().await;
-    let findings = check(&cluster.store, &cluster.ledger).await?;
-
-    let mut problems = Vec::new();
-    if let Err(error) = drained {
-        problems.push(error.to_string());
-    }
-    if !findings.invariants_hold() {
-        problems.extend(findings.details.iter().cloned());
-    }
+    let (findings, mut problems) = drain_and_check(&mut cluster).await?;
     if findings.duplicate_batches > 0 {
         problems.push(format!(
             "{} duplicate POSTs after a network fault",
             findings.duplicate_batches
         ));
     }
-    let _ = SLOW_EXPIRY;
     let kept = if problems.is_empty() && fired {
         None
     } else {

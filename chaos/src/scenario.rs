@@ -136,12 +136,12 @@ impl Outcome {
     }
 }
 
-pub(crate) const SERVICES: u64 = 4;
-pub(crate) const BATCHES_PER_SERVICE: u64 = 16;
+const SERVICES: u64 = 4;
+const BATCHES_PER_SERVICE: u64 = 16;
 /// How long the drain may take after the fault.
-pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub(crate) fn batch(service: u64, n: u64) -> NewBatch {
+fn batch(service: u64, n: u64) -> NewBatch {
     let batch_id = format!("{service:064x}{n:064x}");
     // One batch per service is rejected by the ledger.
     let payload = if n == 5 {
@@ -182,15 +182,7 @@ pub async fn run_scenario_with(
     let started = Instant::now();
     let mut cluster = Cluster::start(backend).await?;
     cluster.broken = broken.map(str::to_string);
-    for service in 0..SERVICES {
-        let batches: Vec<NewBatch> = (0..BATCHES_PER_SERVICE)
-            .map(|n| batch(service, n))
-            .collect();
-        cluster
-            .store
-            .enqueue(&format!("chaos::svc{service}"), &batches)
-            .await?;
-    }
+    enqueue_workload(&cluster).await?;
 
     // The faulted instance starts alone, so it is the one that holds the services; the
     // second joins once the first has registered.
@@ -257,23 +249,7 @@ pub async fn run_scenario_with(
         }
     }
 
-    let drained = cluster
-        .wait_until("every batch to be final", DRAIN_TIMEOUT, || async {
-            Ok(unfinished(&cluster).await? == 0)
-        })
-        .await;
-    // Let a resumed instance act on its stale state before checking.
-    tokio::time::sleep(RENEW_INTERVAL * 2).await;
-    cluster.stop_all().await;
-    let findings = check(&cluster.store, &cluster.ledger).await?;
-
-    let mut problems = Vec::new();
-    if let Err(error) = drained {
-        problems.push(error.to_string());
-    }
-    if !findings.invariants_hold() {
-        problems.extend(findings.details.iter().cloned());
-    }
+    let (findings, mut problems) = drain_and_check(&mut cluster).await?;
     if findings.duplicate_batches > 0 && !scenario.duplicate_allowed() {
         problems.push(format!(
             "{} duplicate POSTs where self-fencing must prevent them",
@@ -333,7 +309,46 @@ pub async fn run_scenario_with(
     })
 }
 
-pub(crate) async fn unfinished(cluster: &Cluster) -> anyhow::Result<i64> {
+/// The workload: `SERVICES` services of `BATCHES_PER_SERVICE` batches, one of each
+/// service invalid.
+pub(crate) async fn enqueue_workload(cluster: &Cluster) -> anyhow::Result<()> {
+    for service in 0..SERVICES {
+        let batches: Vec<NewBatch> = (0..BATCHES_PER_SERVICE)
+            .map(|n| batch(service, n))
+            .collect();
+        cluster
+            .store
+            .enqueue(&format!("chaos::svc{service}"), &batches)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Waits for every batch to be final, lets a resumed instance act on its stale state,
+/// stops the cluster and runs the checker; the problems are a failed drain and any broken
+/// invariant (duplicates are judged by the caller).
+pub(crate) async fn drain_and_check(
+    cluster: &mut Cluster,
+) -> anyhow::Result<(Findings, Vec<String>)> {
+    let drained = cluster
+        .wait_until("every batch to be final", DRAIN_TIMEOUT, || async {
+            Ok(unfinished(cluster).await? == 0)
+        })
+        .await;
+    tokio::time::sleep(RENEW_INTERVAL * 2).await;
+    cluster.stop_all().await;
+    let findings = check(&cluster.store, &cluster.ledger).await?;
+    let mut problems = Vec::new();
+    if let Err(error) = drained {
+        problems.push(error.to_string());
+    }
+    if !findings.invariants_hold() {
+        problems.extend(findings.details.iter().cloned());
+    }
+    Ok((findings, problems))
+}
+
+async fn unfinished(cluster: &Cluster) -> anyhow::Result<i64> {
     Ok(cluster
         .store
         .count_unfinished_by_status()
