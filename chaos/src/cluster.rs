@@ -134,6 +134,23 @@ impl Cluster {
             .map(|record| record.instance_id))
     }
 
+    /// Waits (up to 30 s) until instance `index` has registered; returns its instance id.
+    pub async fn wait_registered(&self, index: usize) -> anyhow::Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(id) = self.instance_id(index).await? {
+                return Ok(id);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "instance {index} did not register in 30 s; see {}",
+                    self.instances[index].log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Services held by `instance_id` now.
     pub async fn held_by(&self, instance_id: &str) -> anyhow::Result<Vec<String>> {
         Ok(self

@@ -108,17 +108,7 @@ pub async fn run_net_scenario(scenario: NetScenario) -> anyhow::Result<Outcome> 
     };
 
     let faulted = cluster.add_instance_via("", database_url, ledger_url)?;
-    cluster
-        .wait_until(
-            "the first instance to register",
-            Duration::from_secs(30),
-            || async { Ok(cluster.instance_id(faulted).await?.is_some()) },
-        )
-        .await?;
-    let faulted_id = cluster
-        .instance_id(faulted)
-        .await?
-        .context("the faulted instance vanished")?;
+    let faulted_id = cluster.wait_registered(faulted).await?;
     cluster.add_instance("")?;
     // Let the work get going before the link fails.
     tokio::time::sleep(Duration::from_millis(800)).await;

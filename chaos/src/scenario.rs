@@ -8,7 +8,6 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use dltsub_chaos_points::{Event, Phase, Point};
 use dltsub_store::NewBatch;
 use dltsub_store::testing::TestBackend;
@@ -189,17 +188,7 @@ pub async fn run_scenario_with(
     let faulted = cluster.add_instance(&scenario.plan())?;
     // Only the faulted instance runs a broken variant.
     cluster.broken = None;
-    cluster
-        .wait_until(
-            "the first instance to register",
-            Duration::from_secs(30),
-            || async { Ok(cluster.instance_id(faulted).await?.is_some()) },
-        )
-        .await?;
-    let faulted_id = cluster
-        .instance_id(faulted)
-        .await?
-        .context("the faulted instance vanished")?;
+    let faulted_id = cluster.wait_registered(faulted).await?;
     cluster.add_instance("")?;
     let report = cluster.instances[faulted].report.clone();
 
