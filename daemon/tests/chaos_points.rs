@@ -3,9 +3,10 @@
 //! and the system still ends with every batch committed exactly once.
 #![cfg(feature = "chaos")]
 
-use std::net::TcpListener;
+mod support;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dltsub_devnet::{Devnet, DevnetConfig, Dialect, Latency};
@@ -13,26 +14,7 @@ use dltsub_store::testing::{TestBackend, TestDatabase};
 use dltsub_store::{NewBatch, Store};
 use dltsub_wire::{Batch, BatchList, Transaction};
 use prost::Message;
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::process::{Process, free_port};
 
 fn batch(n: u64) -> NewBatch {
     let batch_id = format!("{:0>128}", format!("{n:x}e"));

@@ -3,33 +3,18 @@
 //! | instances | pause | resume | cancel | requeue | max-in-flight` as separate processes,
 //! checked by their output and exit codes. Both backends.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
+mod support;
+
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use dltsub_devnet::{Devnet, DevnetConfig, Dialect, Latency};
 use dltsub_store::testing::{TestBackend, TestDatabase};
 use dltsub_wire::{Batch, BatchList, Transaction};
 use prost::Message;
+use support::process::{Process, free_port};
 
 const TOKEN: &str = "ops-test-token-0123456789";
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn batch_list(n: u64, payload: &str) -> Vec<u8> {
     BatchList {

@@ -1,31 +1,16 @@
 //! `dltsub run` and `dltsub devnet` as real processes: batches reach the simulated ledger,
 //! `/metrics` shows what happened, and SIGTERM hands the claims back and exits 0.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dltsub_store::NewBatch;
 use dltsub_store::testing::{TestBackend, TestDatabase};
 use dltsub_wire::{Batch, BatchList, Transaction};
 use prost::Message;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::process::{Process, free_port};
 
 fn batch(n: u64) -> NewBatch {
     let batch_id = format!("{:0>128}", format!("{n:x}a"));

@@ -3,6 +3,8 @@
 //! enough to reach in a test.
 #![allow(dead_code)] // each test file uses part of it
 
+pub mod process;
+
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
