@@ -3,8 +3,9 @@
 //! API (docs/api-v1.md) and print tables, or the server's JSON with `--json`.
 //!
 //! Exit codes: 0 done; 1 the server could not be reached, timed out or failed (5xx);
-//! 2 bad usage or input refused (4xx other than 409); 3 denied (409); 4 not final within
-//! `--wait` (or, for `status`, an unknown id); 5 a batch ended INVALID.
+//! 2 bad usage or input refused (any 4xx error, including `status` of an unknown id and an
+//! id that needs `--service`); 3 denied (a 409 execution report); 4 not final within
+//! `--wait`; 5 a batch ended INVALID.
 
 mod table;
 
@@ -248,8 +249,9 @@ fn check_error(answer: &Answer) -> Result<(), Failure> {
         (Some(code), Some(message)) => format!("{code}: {message}"),
         _ => format!("HTTP {status}: {}", answer.body),
     };
+    // A 409 *report* is a denial (handled above); a 409 *error* (an id in several
+    // services) is input to correct, like any other 4xx.
     let code = match status {
-        409 => EXIT_DENIED,
         400..=499 => EXIT_REFUSED,
         _ => EXIT_UNREACHABLE,
     };
@@ -357,7 +359,13 @@ async fn execute(command: OpsCommand) -> Result<u8, Failure> {
             let path = with_query(
                 "/api/v1/batches".to_string(),
                 &[
-                    Some(format!("ids={}", ids.join(","))),
+                    Some(format!(
+                        "ids={}",
+                        ids.iter()
+                            .map(|id| query_value(id))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    )),
                     service_query,
                     wait_query(wait),
                 ],
@@ -722,11 +730,12 @@ mod tests {
             check_error(&answer(429, json!({}))).unwrap_err().code,
             EXIT_REFUSED
         );
+        // A 409 error (not a report) is input to correct: an id in several services.
         assert_eq!(
-            check_error(&answer(409, json!({"error": {}})))
+            check_error(&answer(409, json!({"error": {"code": "ambiguous_batch"}})))
                 .unwrap_err()
                 .code,
-            EXIT_DENIED
+            EXIT_REFUSED
         );
         assert_eq!(
             check_error(&answer(503, json!("down"))).unwrap_err().code,
