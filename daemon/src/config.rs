@@ -154,7 +154,7 @@ const KEYS: &[Key] = &[
         name: "unknown_grace",
         default: "30s",
         kind: Kind::Duration,
-        doc: "A batch the ledger calls Unknown for this long without interruption is resubmitted",
+        doc: "A batch the ledger calls Unknown for this long without interruption is resubmitted; at least dlt_request_timeout",
     },
     Key {
         name: "retry_backoff_base",
@@ -573,6 +573,19 @@ impl Config {
                 ),
             });
         }
+        // A holder judged gone loses its services at the fast expiry, with a POST of its
+        // possibly still under way if it was in fact alive (store/src/liveness.rs); the
+        // new holder resubmits only after `unknown_grace` of Unknown answers, by which
+        // time such a POST has ended.
+        if self.unknown_grace < self.dlt_request_timeout {
+            return Err(ConfigError::Inconsistent {
+                problem: format!(
+                    "unknown_grace ({}) must be at least dlt_request_timeout ({}): a POST still under way must end before its batch is resubmitted",
+                    show(self.unknown_grace),
+                    show(self.dlt_request_timeout)
+                ),
+            });
+        }
         if self.retry_backoff_base > self.retry_backoff_max {
             return Err(ConfigError::Inconsistent {
                 problem: format!(
@@ -601,6 +614,7 @@ impl Config {
             idle_in_transaction_timeout: self.idle_in_transaction_timeout,
             sqlite_busy_timeout: self.sqlite_busy_timeout,
             clock_offset: Default::default(),
+            application_name: None,
         }
     }
 
@@ -841,6 +855,13 @@ mod tests {
             error
                 .to_string()
                 .starts_with("dlt_request_timeout (55s) must fit inside the slow window"),
+            "{error}"
+        );
+        let error = load(&[("unknown_grace", "5s")], &[]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("unknown_grace (5s) must be at least dlt_request_timeout (10s)"),
             "{error}"
         );
     }

@@ -31,7 +31,12 @@ pub async fn run(
     shutdown: CancellationToken,
     metrics: Option<PrometheusHandle>,
 ) -> anyhow::Result<()> {
-    let options = config.store_options();
+    let capacity = i32::try_from(config.instance_capacity).unwrap_or(i32::MAX);
+    let me = this_instance(capacity);
+    let mut options = config.store_options();
+    // Every session carries the instance's tag, so that other instances can tell when its
+    // process is gone (store/src/liveness.rs).
+    options.application_name = me.session_tag.clone();
     if config.migrate_on_start {
         dltsub_store::run_migrations(&options)
             .await
@@ -40,8 +45,6 @@ pub async fn run(
     let store = Store::connect(&options)
         .await
         .with_context(|| format!("connecting to {}", options.url))?;
-    let capacity = i32::try_from(config.instance_capacity).unwrap_or(i32::MAX);
-    let me = this_instance(capacity);
     tracing::info!(
         instance.id = %me.instance_id,
         database = %options.url,

@@ -56,6 +56,7 @@ async fn take_all(store: &Store, name: &str) -> Vec<dltsub_store::HeldClaim> {
         pid: 7,
         version: "test".into(),
         capacity: 1,
+        session_tag: None,
     };
     let timing = ClaimTiming {
         fast_expiry: Duration::from_secs(30),

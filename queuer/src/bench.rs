@@ -71,6 +71,7 @@ pub async fn run_queuer_bench(
             pid: n as i64,
             version: env!("CARGO_PKG_VERSION").into(),
             capacity: 1,
+            session_tag: None,
         };
         queuers.push((store.clone(), Queuer::new(store, me, config.clone())));
     }

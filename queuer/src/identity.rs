@@ -3,7 +3,9 @@
 use dltsub_store::InstanceInfo;
 
 /// Builds this process's registry entry: `hostname:pid:suffix8`, readable by operators
-/// and unique even when a pid is reused after a restart.
+/// and unique even when a pid is reused after a restart. Its session tag
+/// (`dltsub:pid:suffix8`, well inside PostgreSQL's 63-byte `application_name`) marks its
+/// database sessions, by which other instances tell that it is gone.
 pub fn this_instance(capacity: i32) -> InstanceInfo {
     let hostname = hostname();
     let pid = std::process::id();
@@ -14,6 +16,7 @@ pub fn this_instance(capacity: i32) -> InstanceInfo {
         pid: i64::from(pid),
         version: env!("CARGO_PKG_VERSION").to_string(),
         capacity,
+        session_tag: Some(format!("dltsub:{pid}:{}", &suffix[..8])),
     }
 }
 
@@ -39,5 +42,8 @@ mod tests {
         assert_eq!(parts.len(), 3, "{}", a.instance_id);
         assert_eq!(parts[1], std::process::id().to_string());
         assert_eq!(parts[2].len(), 8);
+        let tag = a.session_tag.unwrap();
+        assert_eq!(tag, format!("dltsub:{}:{}", parts[1], parts[2]));
+        assert!(tag.len() < 64, "fits application_name");
     }
 }

@@ -8,6 +8,7 @@ pub const FENCED_WRITES_REJECTED: &str = "dltsub_fenced_writes_rejected_total";
 pub const TICK_SECONDS: &str = "dltsub_queuer_tick_seconds";
 pub const TICK_ERRORS: &str = "dltsub_queuer_tick_errors_total";
 pub const IS_LEADER: &str = "dltsub_leader";
+pub const GONE_HOLDERS: &str = "dltsub_gone_holders_total";
 
 /// Registers help text for every queuer metric; call once at start-up.
 pub fn describe() {
@@ -36,6 +37,10 @@ pub fn describe() {
     describe_counter!(
         TICK_ERRORS,
         "Claim ticks that failed (database unreachable, timeout)"
+    );
+    describe_counter!(
+        GONE_HOLDERS,
+        "Claim holders this instance found gone (no database session or process left) with a batch mid-submission; their services moved at the fast expiry"
     );
     describe_gauge!(
         IS_LEADER,

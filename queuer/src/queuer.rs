@@ -75,6 +75,8 @@ pub struct TickReport {
     /// Batches found mid-submission in services taken over, now IN_DOUBT: the observer
     /// asks the ledger about them before anything is resubmitted.
     pub in_doubt: Vec<i64>,
+    /// Holders found gone with batches mid-submission (see `Store::claim_tick`).
+    pub gone_holders: Vec<String>,
 }
 
 /// One instance's queuer. Owned by its loop; the submission path reads the held claims
@@ -177,6 +179,13 @@ impl Queuer {
         metrics::counter!(m::CLAIMS_ACQUIRED).increment(outcome.acquired.len() as u64);
         metrics::counter!(m::CLAIMS_RELEASED).increment(outcome.released.len() as u64);
         metrics::counter!(m::CLAIMS_LOST).increment(lost.len() as u64);
+        metrics::counter!(m::GONE_HOLDERS).increment(outcome.gone_holders.len() as u64);
+        for holder in &outcome.gone_holders {
+            tracing::warn!(
+                holder.id = %holder,
+                "instance {holder} is gone with batches mid-submission: its services are taken over at the fast expiry, the ledger asked about those batches"
+            );
+        }
         for claim in &lost {
             tracing::warn!(
                 service.id = %claim.service_id,
@@ -201,6 +210,7 @@ impl Queuer {
             live_instances: outcome.live.len(),
             leader,
             in_doubt: outcome.in_doubt,
+            gone_holders: outcome.gone_holders,
         })
     }
 

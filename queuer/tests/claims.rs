@@ -19,6 +19,7 @@ fn instance(name: &str) -> InstanceInfo {
         pid: 1,
         version: "test".into(),
         capacity: 1,
+        session_tag: None,
     }
 }
 
@@ -185,6 +186,110 @@ async fn fast_and_slow_path_takeover(backend: TestBackend) {
     let report = a.tick().await.unwrap();
     assert_eq!(report.lost.len(), 2);
     assert!(a.current().is_empty());
+}
+
+/// A holder that dies with a batch mid-submission loses its service at the fast expiry,
+/// not the slow one — but only once its process is really gone: while it lives (its
+/// PostgreSQL sessions open, its process present on this host) the service waits.
+async fn gone_holder_loses_its_services_at_the_fast_expiry(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    services(&store, 2).await;
+
+    // Holder `a` as `dltsub run` makes it: a session tag on its sessions, and a process
+    // on this host (a child standing in for it, so the test can kill it).
+    let mut process = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let pid = process.id();
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string();
+    let me = InstanceInfo {
+        instance_id: format!("{hostname}:{pid}:aaaaaaaa"),
+        hostname: hostname.clone(),
+        pid: i64::from(pid),
+        version: "test".into(),
+        capacity: 1,
+        session_tag: Some(format!("dltsub:{pid}:aaaaaaaa")),
+    };
+    let mut options = database.options.clone();
+    options.application_name = me.session_tag.clone();
+    let a_store = Store::connect(&options).await.unwrap();
+    let mut a = Queuer::new(
+        a_store.clone(),
+        me.clone(),
+        QueuerConfig::from_timings(FAST, SLOW, RENEW),
+    );
+    a.tick().await.unwrap();
+    start_submission(&a, "svc-00000").await;
+    let claim_of_svc0 = |claims: Vec<dltsub_store::ClaimRecord>| {
+        claims
+            .into_iter()
+            .find(|c| c.service_id == "svc-00000")
+            .unwrap()
+    };
+    let held_by_a = claim_of_svc0(store.claims().await.unwrap());
+
+    let mut b = Queuer::new(
+        store.clone(),
+        InstanceInfo {
+            instance_id: format!("{hostname}:1:bbbbbbbb"),
+            hostname,
+            pid: 1,
+            version: "test".into(),
+            capacity: 1,
+            session_tag: Some("dltsub:1:bbbbbbbb".into()),
+        },
+        QueuerConfig::from_timings(FAST, SLOW, RENEW),
+    );
+    database.options.clock_offset.advance(FAST + RENEW);
+    let report = b.tick().await.unwrap();
+    assert_eq!(
+        report.acquired,
+        vec![HeldClaim {
+            service_id: "svc-00001".into(),
+            epoch: 2
+        }],
+        "a live holder keeps its service mid-submission past the fast expiry"
+    );
+    assert!(report.gone_holders.is_empty());
+
+    // `a` dies: its process ends and its sessions close.
+    process.kill().unwrap();
+    process.wait().unwrap();
+    drop(a);
+    drop(a_store);
+    // PostgreSQL ends a closed session's backend soon, not at once: tick until it has.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let report = loop {
+        let report = b.tick().await.unwrap();
+        if !report.acquired.is_empty() || std::time::Instant::now() > deadline {
+            break report;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        report.acquired,
+        vec![HeldClaim {
+            service_id: "svc-00000".into(),
+            epoch: 2
+        }],
+        "a gone holder's service moves before its slow expiry"
+    );
+    assert_eq!(report.gone_holders, vec![me.instance_id.clone()]);
+    assert_eq!(
+        report.in_doubt.len(),
+        1,
+        "its SUBMITTING batch turns IN_DOUBT"
+    );
+    let taken = claim_of_svc0(store.claims().await.unwrap());
+    assert!(
+        taken.claimed_at_us.unwrap() < held_by_a.slow_expiry_us,
+        "taken before a's slow expiry"
+    );
 }
 
 /// A write fenced with a stale epoch changes nothing and reports the claim lost; so does
@@ -469,6 +574,7 @@ backend_tests!(
     statements_per_tick_do_not_grow_with_services,
     acquire_renew_release,
     fast_and_slow_path_takeover,
+    gone_holder_loses_its_services_at_the_fast_expiry,
     stale_epoch_write_is_refused,
     concurrent_ticks_never_share_a_service,
     fair_share_converges_and_rebalances,

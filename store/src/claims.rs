@@ -17,6 +17,18 @@
 //! both succeed. Release needs no such argument: the tick's renewal has already locked all
 //! my rows, so a mark of mine either committed before (and a later statement sees it) or
 //! waits for the tick to end.
+//!
+//! **Gone holders.** The slow expiry exists for a holder that may still be alive — stalled
+//! between marking a batch SUBMITTING and its POST — so that a stalled POST has landed or
+//! failed before anyone asks the ledger about it. A holder whose process is gone has no
+//! such POST left to make. So before acquiring, a tick asks whether the holders of claims
+//! past their fast expiry with a batch SUBMITTING still exist (`liveness.rs`: on
+//! PostgreSQL, whether any session still carries the holder's `session_tag`; on SQLite, a
+//! probe of the holder's process on this host). For the gone ones it moves the slow expiry
+//! of their fast-expired claims to now, and the acquisition takes them at once, turning
+//! their SUBMITTING batches IN_DOUBT as with any takeover. A dead instance's services thus
+//! move after the fast expiry, not the slow one. Holders without a `session_tag` (older
+//! versions) are never judged gone.
 
 use std::time::Duration;
 
@@ -26,6 +38,7 @@ use diesel_async::RunQueryDsl;
 
 use crate::connection::{with_conn, write_transaction};
 use crate::dialect::Dialect;
+use crate::liveness::StuckHolder;
 use crate::rows::NewEventRow;
 use crate::schema::{batch_statuses, cluster_leases, instances, service_id_claims};
 use crate::{BatchStatus, Store, StoreError};
@@ -40,6 +53,10 @@ pub struct InstanceInfo {
     pub version: String,
     /// Weight in the fair share of services.
     pub capacity: i32,
+    /// The `application_name` of every PostgreSQL session of this instance
+    /// (`StoreOptions::application_name`), by which other instances tell that its process
+    /// is gone. `None`: never judged gone (its claims move only by expiry).
+    pub session_tag: Option<String>,
 }
 
 /// Whether an instance takes new work.
@@ -121,6 +138,8 @@ pub struct TickOutcome {
     pub leader_epoch: Option<i64>,
     /// Batches found SUBMITTING in services just taken over, now IN_DOUBT.
     pub in_doubt: Vec<i64>,
+    /// Holders found gone by this tick, whose fast-expired claims became takeable at once.
+    pub gone_holders: Vec<String>,
 }
 
 /// A claim row as operators see it.
@@ -216,6 +235,28 @@ UPDATE service_id_claims
         LIMIT $2 {lock})
 RETURNING service_id";
 
+/// Holders (other than `$1`) of claims past their fast expiry and not yet their slow one,
+/// with a batch SUBMITTING, that can be probed (`session_tag` set).
+const STUCK_HOLDERS_SQL: &str = "\
+SELECT DISTINCT i.instance_id, i.hostname, i.pid, i.session_tag
+  FROM instances i
+  JOIN service_id_claims c ON c.claimant = i.instance_id
+ WHERE i.instance_id <> $1 AND i.session_tag IS NOT NULL
+   AND c.fast_expiry_us <= $2 AND c.slow_expiry_us > $2
+   AND EXISTS (SELECT 1 FROM batch_statuses b
+                WHERE b.service_id = c.service_id AND b.status = 'SUBMITTING')";
+
+/// Ends the slow window of a gone holder's claims past their fast expiry. The rows are
+/// locked in `service_id` order, like renewal does, and a claim the holder renewed after
+/// all is left alone (the condition is checked again once the row is locked).
+const END_SLOW_WINDOW_SQL: &str = "\
+UPDATE service_id_claims
+   SET slow_expiry_us = $1
+ WHERE service_id IN (
+       SELECT service_id FROM service_id_claims
+        WHERE claimant = $2 AND fast_expiry_us <= $1 AND slow_expiry_us > $1
+        ORDER BY service_id {lock})";
+
 /// The name of the cluster-wide lease whose holder runs the chores.
 pub const LEADER_LEASE: &str = "leader";
 
@@ -305,6 +346,7 @@ impl Store {
                     instances::state.eq(state.as_str()),
                     instances::started_at_us.eq(now_us),
                     instances::heartbeat_at_us.eq(now_us),
+                    instances::session_tag.eq(&me.session_tag),
                 ))
                 .on_conflict(instances::instance_id)
                 .do_update()
@@ -369,7 +411,24 @@ impl Store {
                 held.retain(|claim| !released.contains(&claim.service_id));
             }
             let mut acquired = Vec::new();
+            let mut gone_holders = Vec::new();
             if plan.acquire > 0 {
+                let stuck: Vec<StuckHolder> = diesel::sql_query(STUCK_HOLDERS_SQL)
+                    .bind::<Text, _>(&me.instance_id)
+                    .bind::<BigInt, _>(now_us)
+                    .load(conn)
+                    .await?;
+                if !stuck.is_empty() {
+                    gone_holders = conn.gone_holders(&me.hostname, &stuck).await?;
+                    let sql = END_SLOW_WINDOW_SQL.replace("{lock}", conn.claim_lock_in_order());
+                    for holder in &gone_holders {
+                        diesel::sql_query(&sql)
+                            .bind::<BigInt, _>(now_us)
+                            .bind::<Text, _>(holder)
+                            .execute(conn)
+                            .await?;
+                    }
+                }
                 let sql = ACQUIRE_SQL.replace("{lock}", conn.row_lock_clause());
                 acquired = diesel::sql_query(sql)
                     .bind::<Text, _>(&me.instance_id)
@@ -445,6 +504,7 @@ impl Store {
                 plan,
                 leader_epoch,
                 in_doubt: in_doubt.into_iter().map(|(seq, _)| seq).collect(),
+                gone_holders,
             })
         })
     }

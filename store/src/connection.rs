@@ -111,6 +111,10 @@ pub struct StoreOptions {
     /// Added to the database clock by every store opened with these options. Zero in
     /// production; tests advance it to move past expiries without sleeping.
     pub clock_offset: ClockOffset,
+    /// PostgreSQL `application_name` of every session. A `dltsub run` instance sets its
+    /// `InstanceInfo::session_tag` here: while any session carries it, other instances
+    /// know the process lives (see `liveness.rs`). `None`: the driver's default.
+    pub application_name: Option<String>,
 }
 
 /// A shift of the database clock shared by every handle that holds a clone of it.
@@ -142,6 +146,7 @@ impl StoreOptions {
             idle_in_transaction_timeout: Duration::from_secs(10),
             sqlite_busy_timeout: Duration::from_secs(5),
             clock_offset: ClockOffset::default(),
+            application_name: None,
         }
     }
 }
@@ -245,13 +250,21 @@ pub(crate) async fn open_pool(
 }
 
 fn postgres_session_sql(options: &StoreOptions) -> String {
-    format!(
+    let mut sql = format!(
         "SET statement_timeout = {}; SET lock_timeout = {}; \
          SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC';",
         options.statement_timeout.as_millis(),
         options.lock_timeout.as_millis(),
         options.idle_in_transaction_timeout.as_millis(),
-    )
+    );
+    if let Some(name) = &options.application_name {
+        // A string literal: quotes doubled.
+        sql.push_str(&format!(
+            " SET application_name = '{}';",
+            name.replace('\'', "''")
+        ));
+    }
+    sql
 }
 
 fn sqlite_session_sql(options: &StoreOptions) -> String {

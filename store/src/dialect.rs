@@ -8,6 +8,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use crate::connection::{PgConn, SqliteConn};
+use crate::liveness::{StuckHolder, local_process_gone};
 use crate::rows::{NewBatchRow, NewEventRow, NewStatusRow};
 use crate::schema::{batch_events, batch_statuses, batches, services};
 use crate::submission::SubmittableBatch;
@@ -57,6 +58,21 @@ pub(crate) trait Dialect: Send {
         now_us: i64,
         limit: i64,
     ) -> QueryResult<Vec<SubmittableBatch>>;
+
+    /// The instance ids of the holders in `stuck` whose process is gone (`liveness.rs`).
+    /// PostgreSQL: no session carries the holder's tag any more. SQLite, whose instances
+    /// share a host: the holder ran on this host and its process has ended.
+    async fn gone_holders(
+        &mut self,
+        my_hostname: &str,
+        stuck: &[StuckHolder],
+    ) -> QueryResult<Vec<String>>;
+}
+
+#[derive(QueryableByName)]
+struct SessionTagRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    tag: String,
 }
 
 /// The unfinished statuses, in the exact words of the partial index `batch_statuses_active`
@@ -165,6 +181,28 @@ impl Dialect for PgConn {
             .bind::<diesel::sql_types::BigInt, _>(limit)
             .load(self)
             .await
+    }
+
+    async fn gone_holders(
+        &mut self,
+        _my_hostname: &str,
+        stuck: &[StuckHolder],
+    ) -> QueryResult<Vec<String>> {
+        // A killed process's sockets are closed by its kernel, and PostgreSQL ends those
+        // sessions at once; a stopped (SIGSTOP) process keeps them open.
+        let tags: Vec<&str> = stuck.iter().map(|h| h.session_tag.as_str()).collect();
+        let alive: Vec<SessionTagRow> = diesel::sql_query(
+            "SELECT DISTINCT application_name AS tag FROM pg_stat_activity \
+              WHERE application_name = ANY($1)",
+        )
+        .bind::<diesel::sql_types::Array<diesel::sql_types::Text>, _>(&tags)
+        .load(self)
+        .await?;
+        Ok(stuck
+            .iter()
+            .filter(|holder| !alive.iter().any(|row| row.tag == holder.session_tag))
+            .map(|holder| holder.instance_id.clone())
+            .collect())
     }
 
     async fn lock_services_for_enqueue(&mut self, service_ids: &[&str]) -> QueryResult<()> {
@@ -286,6 +324,20 @@ impl Dialect for SqliteConn {
             .bind::<diesel::sql_types::BigInt, _>(limit)
             .load(self)
             .await
+    }
+
+    async fn gone_holders(
+        &mut self,
+        my_hostname: &str,
+        stuck: &[StuckHolder],
+    ) -> QueryResult<Vec<String>> {
+        // A holder on another host (a shared file system) cannot be probed: it stays
+        // alive for us, and its services wait for the slow expiry.
+        Ok(stuck
+            .iter()
+            .filter(|holder| holder.hostname == my_hostname && local_process_gone(holder.pid))
+            .map(|holder| holder.instance_id.clone())
+            .collect())
     }
 
     async fn lock_services_for_enqueue(&mut self, _service_ids: &[&str]) -> QueryResult<()> {

@@ -5,6 +5,7 @@ mod clock;
 mod connection;
 mod dialect;
 mod enqueue;
+mod liveness;
 mod migrate;
 mod operator;
 mod retention;

@@ -11,6 +11,7 @@ diesel::table! {
         state -> Text,
         started_at_us -> BigInt,
         heartbeat_at_us -> BigInt,
+        session_tag -> Nullable<Text>,
     }
 }
 

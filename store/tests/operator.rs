@@ -31,6 +31,7 @@ async fn take_all(store: &Store, name: &str) -> Vec<HeldClaim> {
         pid: 1,
         version: "test".into(),
         capacity: 1,
+        session_tag: None,
     };
     store
         .claim_tick(&me, InstanceState::Running, TIMING, |_| TickPlan {

@@ -21,6 +21,7 @@ fn me(name: &str) -> InstanceInfo {
         pid: 1,
         version: "test".into(),
         capacity: 1,
+        session_tag: None,
     }
 }
 

@@ -73,7 +73,7 @@ impl Cluster {
             ("submit_poll_interval", "50ms".into()),
             ("status_poll_interval", "100ms".into()),
             ("status_wait", "1s".into()),
-            ("unknown_grace", "1s".into()),
+            ("unknown_grace", "2s".into()),
             ("retry_backoff_base", "20ms".into()),
             ("retry_backoff_max", "500ms".into()),
             ("shutdown_timeout", "3s".into()),
