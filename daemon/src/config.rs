@@ -175,6 +175,12 @@ const KEYS: &[Key] = &[
         doc: "On SIGTERM, wait this long for in-flight POSTs before releasing claims and exiting",
     },
     Key {
+        name: "shutdown_delay",
+        default: "0s",
+        kind: Kind::Duration,
+        doc: "On SIGTERM, first keep serving requests this long while /readyz answers 503, so a load balancer takes the instance out of rotation before its listener closes; behind one, set it above the health check's interval × fall count (0s: close at once)",
+    },
+    Key {
         name: "sawtooth_service_id",
         default: "sawtooth",
         kind: Kind::Text,
@@ -425,6 +431,8 @@ pub struct Config {
     pub retry_backoff_base: Duration,
     pub retry_backoff_max: Duration,
     pub shutdown_timeout: Duration,
+    /// Zero: the listener closes at once on SIGTERM.
+    pub shutdown_delay: Duration,
     pub sawtooth_service_id: String,
     /// `None`: no cap.
     pub max_queued_per_service: Option<u64>,
@@ -516,6 +524,7 @@ impl Config {
             retry_backoff_base: get("retry_backoff_base").duration()?,
             retry_backoff_max: get("retry_backoff_max").duration()?,
             shutdown_timeout: get("shutdown_timeout").duration()?,
+            shutdown_delay: get("shutdown_delay").duration_or_zero()?,
             sawtooth_service_id: get("sawtooth_service_id").service_id()?,
             max_queued_per_service: get("max_queued_per_service").cap()?,
             max_body_size: get("max_body_size").positive_integer()?,
@@ -680,6 +689,12 @@ impl Field<'_> {
         Ok(duration)
     }
 
+    /// A duration that may be zero ("0s": the feature is off).
+    fn duration_or_zero(&self) -> Result<Duration, ConfigError> {
+        humantime::parse_duration(self.text)
+            .map_err(|error| self.error(format!("not a duration like \"0s\" or \"5s\": {error}")))
+    }
+
     fn positive_integer(&self) -> Result<u32, ConfigError> {
         match self.text.parse::<u32>() {
             Ok(0) => Err(self.error("must be at least 1")),
@@ -811,6 +826,21 @@ mod tests {
         assert_eq!(config.fast_expiry, Duration::from_secs(10));
         assert_eq!(config.dlt_dialect, DltDialect::Scabbard);
         assert_eq!(config.database_url.backend_name(), "sqlite");
+    }
+
+    /// The shutdown delay is off by default, may be zero, and is a duration like the others.
+    #[test]
+    fn shutdown_delay_may_be_zero() {
+        assert_eq!(load(&[], &[]).unwrap().shutdown_delay, Duration::ZERO);
+        let config = load(&[("shutdown_delay", "5s")], &[]).unwrap();
+        assert_eq!(config.shutdown_delay, Duration::from_secs(5));
+        let config = load(&[("shutdown_delay", "0s")], &[]).unwrap();
+        assert_eq!(config.shutdown_delay, Duration::ZERO);
+        let error = load(&[("shutdown_delay", "soon")], &[]).unwrap_err();
+        assert!(
+            error.to_string().starts_with("shutdown_delay = \"soon\""),
+            "{error}"
+        );
     }
 
     #[test]

@@ -19,6 +19,12 @@ use tokio_util::sync::CancellationToken;
 
 /// Batches by status, over the unfinished statuses (computed at scrape time).
 pub const BATCHES: &str = "dltsub_batches";
+/// Age of the oldest batch in each unfinished status, since it entered it (scrape time).
+pub const BATCHES_OLDEST: &str = "dltsub_batches_oldest_seconds";
+/// Services with unfinished batches and no live claim (scrape time).
+pub const SERVICES_UNCLAIMED: &str = "dltsub_services_unclaimed";
+/// How long the longest-waiting of those services has gone without a live claim.
+pub const SERVICES_UNCLAIMED_SECONDS: &str = "dltsub_services_unclaimed_seconds";
 /// Database errors while computing the scrape-time gauges.
 pub const SCRAPE_ERRORS: &str = "dltsub_metrics_scrape_errors_total";
 
@@ -43,6 +49,20 @@ pub fn describe() {
     metrics::describe_gauge!(
         BATCHES,
         "Unfinished batches by status, cluster-wide (computed at scrape time)"
+    );
+    metrics::describe_gauge!(
+        BATCHES_OLDEST,
+        metrics::Unit::Seconds,
+        "Age of the oldest unfinished batch in each status since it entered it, cluster-wide (computed at scrape time)"
+    );
+    metrics::describe_gauge!(
+        SERVICES_UNCLAIMED,
+        "Services with unfinished batches and no live claim, cluster-wide (computed at scrape time)"
+    );
+    metrics::describe_gauge!(
+        SERVICES_UNCLAIMED_SECONDS,
+        metrics::Unit::Seconds,
+        "How long the longest-waiting service with unfinished batches has had no live claim (computed at scrape time)"
     );
     metrics::describe_counter!(
         SCRAPE_ERRORS,
@@ -77,12 +97,17 @@ pub async fn serve(
 }
 
 async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
-    match scrape.store.count_unfinished_by_status().await {
-        Ok(counts) => {
+    match scrape.store.backlog_gauges().await {
+        Ok(gauges) => {
             for status in BatchStatus::ALL.into_iter().filter(|s| !s.is_terminal()) {
-                let count = counts.get(&status).copied().unwrap_or(0);
-                metrics::gauge!(BATCHES, "status" => status.as_str()).set(count as f64);
+                let gauge = gauges.by_status.get(&status).copied().unwrap_or_default();
+                metrics::gauge!(BATCHES, "status" => status.as_str()).set(gauge.count as f64);
+                metrics::gauge!(BATCHES_OLDEST, "status" => status.as_str())
+                    .set(seconds(gauge.oldest_age_us));
             }
+            metrics::gauge!(SERVICES_UNCLAIMED).set(gauges.unclaimed_services as f64);
+            metrics::gauge!(SERVICES_UNCLAIMED_SECONDS)
+                .set(seconds(gauges.unclaimed_oldest_age_us));
         }
         Err(error) => {
             // Serve the process's own metrics anyway; the gauges keep their last values.
@@ -95,4 +120,101 @@ async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         scrape.handle.render(),
     )
+}
+
+fn seconds(micros: i64) -> f64 {
+    micros as f64 / 1e6
+}
+
+/// A metric family dltsub exports: its name and the labels whose values are a closed set.
+#[derive(Debug, Clone)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// `(label, every value it takes)`.
+    pub labels: Vec<(&'static str, &'static [&'static str])>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+const STATUSES: &[&str] = &[
+    "QUEUED",
+    "SUBMITTING",
+    "PENDING",
+    "VALID",
+    "IN_DOUBT",
+    "COMMITTED",
+    "INVALID",
+    "CANCELLED",
+];
+const UNFINISHED: &[&str] = &["QUEUED", "SUBMITTING", "PENDING", "VALID", "IN_DOUBT"];
+
+/// Every metric family dltsub exports, built from the constants the crates record them
+/// under, so renaming a metric or a label value in the code changes this list. The
+/// deploy test checks that every `dltsub_` name and label value used by the alerting
+/// rules, their unit tests and the dashboard is in it (`daemon/tests/deploy_rules.rs`),
+/// and the end-to-end test that every family a real instance exports is.
+pub fn catalogue() -> Vec<Family> {
+    use dltsub_observer::metrics as observer;
+    use dltsub_queuer::metrics as queuer;
+    use dltsub_submitter::metrics as submitter;
+    let outcome = || vec![("outcome", submitter::OUTCOMES)];
+    let family = |name, kind, labels: &[(&'static str, &'static [&'static str])]| Family {
+        name,
+        kind,
+        labels: labels.to_vec(),
+    };
+    vec![
+        family(BATCHES, Kind::Gauge, &[("status", UNFINISHED)]),
+        family(BATCHES_OLDEST, Kind::Gauge, &[("status", UNFINISHED)]),
+        family(SERVICES_UNCLAIMED, Kind::Gauge, &[]),
+        family(SERVICES_UNCLAIMED_SECONDS, Kind::Gauge, &[]),
+        family(SCRAPE_ERRORS, Kind::Counter, &[]),
+        family(submitter::SUBMISSIONS, Kind::Counter, &outcome()),
+        family(submitter::SUBMITTED_BATCHES, Kind::Counter, &outcome()),
+        family(submitter::POST_SECONDS, Kind::Histogram, &[]),
+        family(submitter::IN_FLIGHT, Kind::Gauge, &[]),
+        family(submitter::SELF_FENCED, Kind::Counter, &[]),
+        family(
+            observer::TRANSITIONS,
+            Kind::Counter,
+            &[("status", STATUSES)],
+        ),
+        family(observer::POLLS, Kind::Counter, &[]),
+        family(observer::POLL_ERRORS, Kind::Counter, &[]),
+        family(queuer::CLAIMS_HELD, Kind::Gauge, &[]),
+        family(queuer::CLAIMS_ACQUIRED, Kind::Counter, &[]),
+        family(queuer::CLAIMS_RELEASED, Kind::Counter, &[]),
+        family(queuer::CLAIMS_LOST, Kind::Counter, &[]),
+        family(queuer::FENCED_WRITES_REJECTED, Kind::Counter, &[]),
+        family(queuer::TICK_SECONDS, Kind::Histogram, &[]),
+        family(queuer::TICK_ERRORS, Kind::Counter, &[]),
+        family(queuer::IS_LEADER, Kind::Gauge, &[]),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use dltsub_store::BatchStatus;
+
+    /// The status label values of the catalogue are the store's own names.
+    #[test]
+    fn catalogue_statuses_are_the_stores() {
+        let all: Vec<&str> = BatchStatus::ALL
+            .into_iter()
+            .map(BatchStatus::as_str)
+            .collect();
+        assert_eq!(all, super::STATUSES);
+        let unfinished: Vec<&str> = BatchStatus::ALL
+            .into_iter()
+            .filter(|status| !status.is_terminal())
+            .map(BatchStatus::as_str)
+            .collect();
+        assert_eq!(unfinished, super::UNFINISHED);
+    }
 }

@@ -162,6 +162,17 @@ pub async fn run(
     // closes after in-flight requests finish.
     draining.store(true, Ordering::SeqCst);
     queuer_drain.cancel();
+    // Behind a load balancer, keep answering while its health checks see /readyz fail, so
+    // it stops sending here before the listener closes (instead of meeting refused
+    // connections). Submissions go on meanwhile; only acquiring stopped.
+    if api_failure.is_none() && !config.shutdown_delay.is_zero() {
+        tracing::info!(
+            delay_ms = config.shutdown_delay.as_millis() as u64,
+            "draining: /readyz answers 503; serving requests for {} before closing the listener",
+            humantime::format_duration(config.shutdown_delay)
+        );
+        tokio::time::sleep(config.shutdown_delay).await;
+    }
     api_stop.cancel();
     if api_failure.is_none()
         && tokio::time::timeout(config.shutdown_timeout, &mut api_task)

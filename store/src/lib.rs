@@ -5,6 +5,7 @@ mod clock;
 mod connection;
 mod dialect;
 mod enqueue;
+mod gauges;
 mod liveness;
 mod migrate;
 mod operator;
@@ -26,6 +27,7 @@ pub use claims::{
 pub use clock::DbNowMicros;
 pub use connection::{ClockOffset, DatabaseUrl, RoundTrips, StoreOptions};
 pub use enqueue::{EnqueuedBatch, NewBatch, is_batch_id};
+pub use gauges::{BacklogGauges, StatusGauge};
 pub use migrate::{MigrationReport, known_migrations, run_migrations};
 pub use operator::{
     BatchEvent, BatchMove, BatchMoveKind, BatchRecord, MAX_IN_FLIGHT_LIMIT, ServiceRecord,

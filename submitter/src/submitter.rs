@@ -262,6 +262,8 @@ impl PostTask {
         let label = outcome_label(&outcome);
         span.record("outcome", label);
         metrics::counter!(m::SUBMISSIONS, "outcome" => label).increment(1);
+        metrics::counter!(m::SUBMITTED_BATCHES, "outcome" => label)
+            .increment(self.batches.len() as u64);
         let submission = Submission {
             claim: self.claim,
             batches: self
@@ -325,12 +327,14 @@ impl PostTask {
 
 fn outcome_label(outcome: &PostOutcome) -> &'static str {
     match outcome {
-        PostOutcome::Accepted => "accepted",
-        PostOutcome::Rejected { .. } => "rejected",
-        PostOutcome::BackPressure { .. } => "back_pressure",
-        PostOutcome::NotSent { error } if error.starts_with("self-fenced") => "self_fenced",
-        PostOutcome::NotSent { .. } => "not_sent",
-        PostOutcome::InDoubt { .. } => "in_doubt",
+        PostOutcome::Accepted => m::OUTCOME_ACCEPTED,
+        PostOutcome::Rejected { .. } => m::OUTCOME_REJECTED,
+        PostOutcome::BackPressure { .. } => m::OUTCOME_BACK_PRESSURE,
+        PostOutcome::NotSent { error } if error.starts_with("self-fenced") => {
+            m::OUTCOME_SELF_FENCED
+        }
+        PostOutcome::NotSent { .. } => m::OUTCOME_NOT_SENT,
+        PostOutcome::InDoubt { .. } => m::OUTCOME_IN_DOUBT,
     }
 }
 
