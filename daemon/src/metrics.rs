@@ -191,6 +191,7 @@ pub fn catalogue() -> Vec<Family> {
         family(queuer::CLAIMS_ACQUIRED, Kind::Counter, &[]),
         family(queuer::CLAIMS_RELEASED, Kind::Counter, &[]),
         family(queuer::CLAIMS_LOST, Kind::Counter, &[]),
+        family(queuer::GONE_HOLDERS, Kind::Counter, &[]),
         family(queuer::FENCED_WRITES_REJECTED, Kind::Counter, &[]),
         family(queuer::TICK_SECONDS, Kind::Histogram, &[]),
         family(queuer::TICK_ERRORS, Kind::Counter, &[]),
