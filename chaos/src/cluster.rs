@@ -21,6 +21,8 @@ pub const RENEW_INTERVAL: Duration = Duration::from_millis(500);
 pub struct Instance {
     pub child: Child,
     pub pid: u32,
+    /// Its `/metrics` port on 127.0.0.1.
+    pub metrics_port: u16,
     pub report: PathBuf,
     pub log: PathBuf,
 }
@@ -80,10 +82,12 @@ impl Cluster {
         let index = self.instances.len();
         let report = self.dir.path().join(format!("chaos-{index}.jsonl"));
         let log = self.dir.path().join(format!("instance-{index}.log"));
+        let metrics_port = free_port()?;
         let child = Command::new(&self.exe)
             .args(["instance", "--database-url", &database_url])
             .args(["--dlt-url", &ledger_url])
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(["--migrate-on-start", "false"])
             .args(["--fast-expiry", &format!("{}ms", FAST_EXPIRY.as_millis())])
             .args(["--slow-expiry", &format!("{}ms", SLOW_EXPIRY.as_millis())])
@@ -116,6 +120,7 @@ impl Cluster {
         self.instances.push(Instance {
             child,
             pid,
+            metrics_port,
             report,
             log,
         });
@@ -184,6 +189,33 @@ impl Cluster {
         Ok(())
     }
 
+    /// The sum over the instances still answering of their
+    /// `dltsub_fenced_writes_rejected_total`: writes refused because the claim's epoch was
+    /// no longer theirs (stale writes that fencing stopped). A killed instance's count is
+    /// lost with it.
+    pub async fn fenced_writes_rejected(&self) -> u64 {
+        let client = reqwest::Client::new();
+        let mut total = 0;
+        for instance in &self.instances {
+            let url = format!("http://127.0.0.1:{}/metrics", instance.metrics_port);
+            let Ok(response) = client
+                .get(&url)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+            else {
+                continue;
+            };
+            let text = response.text().await.unwrap_or_default();
+            total += text
+                .lines()
+                .filter(|line| line.starts_with("dltsub_fenced_writes_rejected_total"))
+                .filter_map(|line| line.split_whitespace().last()?.parse::<f64>().ok())
+                .sum::<f64>() as u64;
+        }
+        total
+    }
+
     /// Sends a signal through kill(1) (the workspace forbids unsafe code).
     pub async fn signal(&self, index: usize, signal: &str) {
         let _ = Command::new("kill")
@@ -214,6 +246,13 @@ impl Cluster {
         let Cluster { dir, .. } = self;
         dir.keep()
     }
+}
+
+/// A free TCP port on 127.0.0.1 (free when asked; the instance binds it soon after).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// The rules that fired in one instance, from its report file.

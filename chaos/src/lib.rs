@@ -5,6 +5,8 @@ pub mod cluster;
 pub mod network;
 pub mod proxy;
 pub mod scenario;
+pub mod schedule;
 
 pub use check::{Findings, check};
 pub use scenario::{Fault, Outcome, Scenario, matrix, run_scenario, run_scenario_with};
+pub use schedule::{Schedule, run_schedule, seed_from};

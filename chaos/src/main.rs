@@ -3,7 +3,8 @@
 //! ```text
 //! chaos matrix [--backend postgres|sqlite]      the single-fault matrix, a table, exit 1 on any broken invariant
 //! chaos one --plan E5.after@3 --fault delay      one scenario (the replay command the table prints)
-//! chaos soak --duration 30m [--seed N]           random scenarios until the time is up
+//! chaos soak --duration 30m [--seed X]           random multi-fault schedules until the time is up
+//! chaos schedule --seed N                        one schedule (the replay command soak prints)
 //! ```
 //!
 //! Instances are this binary's hidden `instance` subcommand: dltsub's own instance code,
@@ -12,7 +13,10 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use chaos::{Fault, Outcome, Scenario, matrix, run_scenario, run_scenario_with};
+use chaos::{
+    Fault, Outcome, Scenario, Schedule, matrix, run_scenario, run_scenario_with, run_schedule,
+    seed_from,
+};
 use clap::{Parser, Subcommand, ValueEnum};
 use dltsub::config::{Config, ConfigArgs};
 use dltsub_store::testing::TestBackend;
@@ -73,13 +77,22 @@ enum Command {
         #[arg(long)]
         broken: Option<String>,
     },
-    /// Random single-fault scenarios (point, hit, fault from the seed) until the time is up.
+    /// Random multi-fault schedules (1-3 faults on 3 instances, each drawn from the
+    /// seed) until the time is up; every schedule prints its replay command.
     Soak {
         #[arg(long, value_parser = humantime_duration)]
         duration: Duration,
-        /// Seed of the random schedule (default: the clock).
+        /// Seed of the schedules: a number, or any text such as a commit hash (default:
+        /// the checkout's commit hash, `git rev-parse HEAD`).
         #[arg(long)]
-        seed: Option<u64>,
+        seed: Option<String>,
+        #[arg(long, value_enum, default_value = "postgres")]
+        backend: Backend,
+    },
+    /// One multi-fault schedule, from its seed (the replay command `soak` prints).
+    Schedule {
+        #[arg(long)]
+        seed: u64,
         #[arg(long, value_enum, default_value = "postgres")]
         backend: Backend,
     },
@@ -129,6 +142,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             tracing_init();
             dltsub_chaos_points::init();
             let config = Config::load(&config)?;
+            // Served like `dltsub run` does, so the harness can read the fencing counters.
+            let metrics = dltsub::metrics::install()?;
             let shutdown = tokio_util::sync::CancellationToken::new();
             let signal = shutdown.clone();
             tokio::spawn(async move {
@@ -138,7 +153,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 term.recv().await;
                 signal.cancel();
             });
-            dltsub::run::run(&config, shutdown, None).await?;
+            dltsub::run::run(&config, shutdown, Some(metrics)).await?;
             Ok(true)
         }
         Command::Matrix { backend, only } => {
@@ -173,37 +188,52 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             seed,
             backend,
         } => {
-            let seed = seed.unwrap_or_else(|| {
+            let seed_text = seed.or_else(commit_hash).unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
+                    .map(|d| d.as_nanos().to_string())
+                    .unwrap_or_default()
             });
-            println!("soak for {duration:?}, seed {seed}");
-            let all = matrix();
-            let mut state = seed | 1;
-            let mut next = move || {
-                // xorshift64*: a reproducible schedule from the seed.
-                state ^= state >> 12;
-                state ^= state << 25;
-                state ^= state >> 27;
-                state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-            };
+            let mut seeds = chaos::schedule::Rng::new(seed_from(&seed_text));
+            println!(
+                "soak for {duration:?}, seed {seed_text} (replay the whole soak with --seed {seed_text})"
+            );
             let deadline = Instant::now() + duration;
             let mut outcomes = Vec::new();
             let mut ok = true;
             while Instant::now() < deadline {
-                let mut scenario = all[(next() % all.len() as u64) as usize];
-                scenario.hit = 1 + next() % 5;
-                let outcome = run_scenario(backend.into(), scenario).await?;
+                let schedule = Schedule::from_seed(seeds.next_u64());
+                eprintln!("schedule {}: {schedule}", schedule.seed);
+                let outcome = run_schedule(backend.into(), &schedule).await?;
                 print_row(&outcome);
                 ok &= outcome.invariants_held();
                 outcomes.push(outcome);
             }
             print_table(&outcomes);
+            for outcome in outcomes.iter().filter(|o| !o.invariants_held()) {
+                println!("FAILED {}: replay with {}", outcome.name, outcome.replay);
+            }
             Ok(ok)
         }
+        Command::Schedule { seed, backend } => {
+            let schedule = Schedule::from_seed(seed);
+            println!("schedule {seed}: {schedule}");
+            let outcome = run_schedule(backend.into(), &schedule).await?;
+            print_row(&outcome);
+            print_table(std::slice::from_ref(&outcome));
+            Ok(outcome.invariants_held())
+        }
     }
+}
+
+/// The commit hash of the checkout this runs in, if it is one.
+fn commit_hash() -> Option<String> {
+    let output = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    let hash = String::from_utf8(output.stdout).ok()?.trim().to_string();
+    (output.status.success() && !hash.is_empty()).then_some(hash)
 }
 
 fn parse_one(plan: &str, fault: FaultArg) -> anyhow::Result<Scenario> {
@@ -280,14 +310,14 @@ fn print_row(outcome: &Outcome) {
 
 fn print_table(outcomes: &[Outcome]) {
     println!(
-        "{:<30} {:>5} {:>7} {:>4} {:>8} {:>5} {:>5} {:>9} {:>9}  result",
+        "{:<30} {:>5} {:>7} {:>4} {:>8} {:>5} {:>13} {:>9} {:>9}  result",
         "scenario",
         "fired",
         "batches",
         "lost",
         "disagree",
         "order",
-        "stale",
+        "stale acc/rej",
         "dup POSTs",
         "failover"
     );
@@ -303,14 +333,14 @@ fn print_table(outcomes: &[Outcome]) {
             f.duplicate_batches.to_string()
         };
         println!(
-            "{:<30} {:>5} {:>7} {:>4} {:>8} {:>5} {:>5} {:>9} {:>9}  {}",
+            "{:<30} {:>5} {:>7} {:>4} {:>8} {:>5} {:>13} {:>9} {:>9}  {}",
             outcome.name,
             if outcome.fired { "yes" } else { "NO" },
             f.batches,
             f.lost,
             f.disagreements,
             f.order_violations,
-            f.stale_writes,
+            format!("{}/{}", f.stale_writes, outcome.stale_rejected),
             dups,
             failover,
             if outcome.passed() {

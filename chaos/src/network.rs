@@ -12,7 +12,7 @@ use dltsub_store::testing::TestBackend;
 
 use crate::cluster::Cluster;
 use crate::proxy::{NetFault, Proxy};
-use crate::scenario::{Outcome, drain_and_check, enqueue_workload};
+use crate::scenario::{Drained, Outcome, drain_and_check, enqueue_workload};
 
 /// Which link of the faulted instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +129,11 @@ pub async fn run_net_scenario(scenario: NetScenario) -> anyhow::Result<Outcome> 
     proxy.set(NetFault::None);
     let fired = proxy.affected.load(Ordering::Relaxed) > 0;
 
-    let (findings, mut problems) = drain_and_check(&mut cluster).await?;
+    let Drained {
+        findings,
+        mut problems,
+        stale_rejected,
+    } = drain_and_check(&mut cluster).await?;
     if findings.duplicate_batches > 0 {
         problems.push(format!(
             "{} duplicate POSTs after a network fault",
@@ -147,6 +151,7 @@ pub async fn run_net_scenario(scenario: NetScenario) -> anyhow::Result<Outcome> 
         duplicate_allowed: false,
         fired,
         findings,
+        stale_rejected,
         failover,
         elapsed: started.elapsed(),
         problems,
