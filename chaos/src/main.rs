@@ -288,7 +288,13 @@ fn tracing_init() {
 }
 
 fn print_row(outcome: &Outcome) {
-    let verdict = if outcome.passed() { "ok" } else { "FAILED" };
+    let verdict = if outcome.passed() {
+        "ok"
+    } else if outcome.invariants_held() {
+        "n/r"
+    } else {
+        "FAILED"
+    };
     eprintln!(
         "{verdict:6} {:<30} {:5.1}s",
         outcome.name,

@@ -75,7 +75,9 @@ impl Schedule {
         while (faults.len() as u64) < count {
             let instance = rng.below(INSTANCES as u64) as usize;
             let mut scenario = points[rng.below(points.len() as u64) as usize];
-            scenario.hit = 1 + rng.below(5);
+            // Early hits: a small workload reaches each point only a few times per
+            // instance.
+            scenario.hit = 1 + rng.below(3);
             // Two rules at one point of one instance would shadow each other.
             if taken.insert((instance, scenario.point.to_string())) {
                 faults.push((instance, scenario));
@@ -119,11 +121,9 @@ pub async fn run_schedule(backend: TestBackend, schedule: &Schedule) -> anyhow::
     let started = Instant::now();
     let mut cluster = Cluster::start(backend).await?;
     enqueue_workload(&cluster).await?;
-    // The first instance starts alone and holds everything at first; the others join and
-    // take their fair share.
-    let first = cluster.add_instance(&schedule.plan_for(0))?;
-    cluster.wait_registered(first).await?;
-    for index in 1..INSTANCES {
+    // All start together, so each holds a share of the services from the start and
+    // reaches its points.
+    for index in 0..INSTANCES {
         cluster.add_instance(&schedule.plan_for(index))?;
     }
 
@@ -178,7 +178,8 @@ pub async fn run_schedule(backend: TestBackend, schedule: &Schedule) -> anyhow::
         ));
     }
     let all_fired = fired_rules >= schedule.faults.len();
-    let kept = if problems.is_empty() && all_fired {
+    // Logs are kept for broken invariants only: a soak reaches faults by chance.
+    let kept = if problems.is_empty() {
         None
     } else {
         Some(cluster.keep())
