@@ -131,15 +131,9 @@ pub async fn run_net_scenario(scenario: NetScenario) -> anyhow::Result<Outcome> 
 
     let Drained {
         findings,
-        mut problems,
+        problems,
         stale_rejected,
-    } = drain_and_check(&mut cluster).await?;
-    if findings.duplicate_batches > 0 {
-        problems.push(format!(
-            "{} duplicate POSTs after a network fault",
-            findings.duplicate_batches
-        ));
-    }
+    } = drain_and_check(&mut cluster, false).await?;
     let kept = if problems.is_empty() && fired {
         None
     } else {

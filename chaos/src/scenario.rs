@@ -245,13 +245,7 @@ pub async fn run_scenario_with(
         findings,
         mut problems,
         stale_rejected,
-    } = drain_and_check(&mut cluster).await?;
-    if findings.duplicate_batches > 0 && !scenario.duplicate_allowed() {
-        problems.push(format!(
-            "{} duplicate POSTs where self-fencing must prevent them",
-            findings.duplicate_batches
-        ));
-    }
+    } = drain_and_check(&mut cluster, scenario.duplicate_allowed()).await?;
     // A dead holder's services move within the fast expiry plus a tick, mid-submission
     // or not (its process is seen gone) — measured from the fault's report.
     if scenario.fault == Fault::Fail && fired_at.is_some() && !held_at_fault.is_empty() {
@@ -323,14 +317,18 @@ pub(crate) async fn enqueue_workload(cluster: &Cluster) -> anyhow::Result<()> {
 /// What [`drain_and_check`] found.
 pub(crate) struct Drained {
     pub findings: Findings,
-    /// A failed drain and any broken invariant (duplicates are judged by the caller).
+    /// A failed drain, any broken invariant, and duplicate POSTs unless allowed.
     pub problems: Vec<String>,
     pub stale_rejected: u64,
 }
 
 /// Waits for every batch to be final, lets a resumed instance act on its stale state,
-/// reads the fencing counters, stops the cluster and runs the checker.
-pub(crate) async fn drain_and_check(cluster: &mut Cluster) -> anyhow::Result<Drained> {
+/// reads the fencing counters, stops the cluster and runs the checker. A duplicate POST
+/// is a problem unless `duplicate_allowed` (a DELAY in the self-fencing window).
+pub(crate) async fn drain_and_check(
+    cluster: &mut Cluster,
+    duplicate_allowed: bool,
+) -> anyhow::Result<Drained> {
     let drained = cluster
         .wait_until("every batch to be final", DRAIN_TIMEOUT, || async {
             Ok(unfinished(cluster).await? == 0)
@@ -347,6 +345,12 @@ pub(crate) async fn drain_and_check(cluster: &mut Cluster) -> anyhow::Result<Dra
     if !findings.invariants_hold() {
         problems.extend(findings.details.iter().cloned());
     }
+    if findings.duplicate_batches > 0 && !duplicate_allowed {
+        problems.push(format!(
+            "{} duplicate POSTs where self-fencing must prevent them",
+            findings.duplicate_batches
+        ));
+    }
     Ok(Drained {
         findings,
         problems,
@@ -354,7 +358,7 @@ pub(crate) async fn drain_and_check(cluster: &mut Cluster) -> anyhow::Result<Dra
     })
 }
 
-async fn unfinished(cluster: &Cluster) -> anyhow::Result<i64> {
+pub(crate) async fn unfinished(cluster: &Cluster) -> anyhow::Result<i64> {
     Ok(cluster
         .store
         .count_unfinished_by_status()

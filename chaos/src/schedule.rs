@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use dltsub_store::testing::TestBackend;
 
 use crate::cluster::{Cluster, SLOW_EXPIRY, fired};
-use crate::scenario::{Drained, Outcome, Scenario, drain_and_check, enqueue_workload, matrix};
+use crate::scenario::{
+    Drained, Outcome, Scenario, drain_and_check, enqueue_workload, matrix, unfinished,
+};
 
 pub const INSTANCES: usize = 3;
 pub const MAX_FAULTS: u64 = 3;
@@ -156,7 +158,7 @@ pub async fn run_schedule(backend: TestBackend, schedule: &Schedule) -> anyhow::
         }
         stopped = still_stopped;
         let all_fired = fired_rules >= schedule.faults.len();
-        let done = stopped.is_empty() && (all_fired || unfinished_is_zero(&cluster).await?);
+        let done = stopped.is_empty() && (all_fired || unfinished(&cluster).await? == 0);
         if done || Instant::now() > deadline {
             break;
         }
@@ -168,15 +170,9 @@ pub async fn run_schedule(backend: TestBackend, schedule: &Schedule) -> anyhow::
 
     let Drained {
         findings,
-        mut problems,
+        problems,
         stale_rejected,
-    } = drain_and_check(&mut cluster).await?;
-    if findings.duplicate_batches > 0 && !schedule.duplicate_allowed() {
-        problems.push(format!(
-            "{} duplicate POSTs where self-fencing must prevent them",
-            findings.duplicate_batches
-        ));
-    }
+    } = drain_and_check(&mut cluster, schedule.duplicate_allowed()).await?;
     let all_fired = fired_rules >= schedule.faults.len();
     // Logs are kept for broken invariants only: a soak reaches faults by chance.
     let kept = if problems.is_empty() {
@@ -200,16 +196,6 @@ pub async fn run_schedule(backend: TestBackend, schedule: &Schedule) -> anyhow::
         problems,
         kept,
     })
-}
-
-async fn unfinished_is_zero(cluster: &Cluster) -> anyhow::Result<bool> {
-    Ok(cluster
-        .store
-        .count_unfinished_by_status()
-        .await?
-        .values()
-        .sum::<i64>()
-        == 0)
 }
 
 #[cfg(test)]
