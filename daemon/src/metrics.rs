@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Batches by status, over the unfinished statuses (computed at scrape time).
 pub const BATCHES: &str = "dltsub_batches";
+/// Statements (including BEGIN and COMMIT) this instance has sent to the database.
+pub const DATABASE_ROUND_TRIPS: &str = "dltsub_database_round_trips_total";
 /// Database errors while computing the scrape-time gauges.
 pub const SCRAPE_ERRORS: &str = "dltsub_metrics_scrape_errors_total";
 
@@ -43,6 +45,10 @@ pub fn describe() {
     metrics::describe_gauge!(
         BATCHES,
         "Unfinished batches by status, cluster-wide (computed at scrape time)"
+    );
+    metrics::describe_counter!(
+        DATABASE_ROUND_TRIPS,
+        "Statements, BEGINs and COMMITs this instance sent to the database"
     );
     metrics::describe_counter!(
         SCRAPE_ERRORS,
@@ -77,6 +83,8 @@ pub async fn serve(
 }
 
 async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
+    // Read before this scrape's own query, so a scrape does not count itself.
+    metrics::counter!(DATABASE_ROUND_TRIPS).absolute(scrape.store.round_trips());
     match scrape.store.count_unfinished_by_status().await {
         Ok(counts) => {
             for status in BatchStatus::ALL.into_iter().filter(|s| !s.is_terminal()) {
