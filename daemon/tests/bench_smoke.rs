@@ -11,6 +11,7 @@ fn bench_all_smoke_prints_every_row() {
     let output = Command::new(env!("CARGO_BIN_EXE_dltsub"))
         .args(["bench", "all"])
         .args(["--batches", "200", "--services", "10", "--instances", "1,2"])
+        .args(["--max-in-flight", "1"])
         .args(["--ingest-duration", "1s", "--ingest-clients", "4"])
         .args(["--ingest-batches-per-list", "10"])
         .args(["--latency-rate", "100", "--latency-duration", "1s"])

@@ -22,8 +22,24 @@ pub enum ExpiryChoice {
     Default,
 }
 
+/// The parts of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Section {
+    Drain,
+    Ingest,
+    Latency,
+    Failover,
+    Claims,
+    Peers,
+    Pgbench,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct AllArgs {
+    /// Measure only these parts, comma-separated (default: all). The table still has a
+    /// row for every part; the others say `skipped`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Section>,
     /// Drain: batches already accepted when the instances start.
     #[arg(long, default_value_t = 100_000)]
     pub batches: u64,
@@ -41,10 +57,11 @@ pub struct AllArgs {
         default_value = "postgres,sqlite"
     )]
     pub backends: Vec<Backend>,
-    /// Drain: `max_in_flight` of every service (1, the default, submits a service's
-    /// batches one at a time; k sends up to k in one BatchList).
-    #[arg(long, default_value_t = 1)]
-    pub max_in_flight: i32,
+    /// Drain: `max_in_flight` of every service, comma-separated (one set of rows each).
+    /// 1, the service default, submits a service's batches one at a time; k lets up to k
+    /// be in flight, several in one BatchList.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub max_in_flight: Vec<i32>,
     /// Drain: give up after this long.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
@@ -58,7 +75,7 @@ pub struct AllArgs {
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub ingest_duration: Duration,
     /// Latency: batches per second offered (one per POST).
-    #[arg(long, default_value_t = 500.0)]
+    #[arg(long, default_value_t = 50.0)]
     pub latency_rate: f64,
     /// Latency: how long the rate is offered.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -159,20 +176,40 @@ pub async fn run(args: AllArgs) -> anyhow::Result<()> {
     outcome
 }
 
+fn skipped(report: &mut Report, section: &'static str, case: &str) {
+    report.add(
+        section,
+        case.to_string(),
+        "skipped (--only)".into(),
+        String::new(),
+        f64::NAN,
+    );
+}
+
 async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> anyhow::Result<()> {
+    let wanted = |section: Section| args.only.is_empty() || args.only.contains(&section);
     // 1 and 6: drain throughput and the peak memory of one instance.
-    let mut one_instance_pg: Option<f64> = None;
-    for &backend in &args.backends {
+    // The PostgreSQL 1-instance drain rate per max_in_flight, for the ratios to the peers.
+    let mut one_instance_pg: Vec<(i32, f64)> = Vec::new();
+    if !wanted(Section::Drain) {
+        skipped(report, "drain", "dltsub drain");
+        skipped(report, "memory", "peak RSS of one instance");
+    }
+    for &backend in args.backends.iter().filter(|_| wanted(Section::Drain)) {
         let mut smallest: Option<(usize, u64)> = None;
-        for &instances in &args.instances {
-            eprintln!("drain: {backend:?}, {instances} instance(s)");
+        for (&max_in_flight, &instances) in args
+            .max_in_flight
+            .iter()
+            .flat_map(|k| args.instances.iter().map(move |n| (k, n)))
+        {
+            eprintln!("drain: {backend:?}, {instances} instance(s), max_in_flight {max_in_flight}");
             let outcome = scenarios::drain(
                 &DrainCase {
                     backend: test_backend(backend),
                     instances,
                     batches: args.batches,
                     services: args.services,
-                    max_in_flight: args.max_in_flight,
+                    max_in_flight,
                     timeout: args.drain_timeout,
                 },
                 dir,
@@ -181,9 +218,9 @@ async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> 
             .await
             .with_context(|| format!("drain on {backend:?} with {instances} instance(s)"))?;
             if instances == 1 && backend == Backend::Postgres {
-                one_instance_pg = Some(outcome.per_sec);
+                one_instance_pg.push((max_in_flight, outcome.per_sec));
             }
-            if smallest.is_none_or(|(n, _)| instances < n) {
+            if max_in_flight == 1 && smallest.is_none_or(|(n, _)| instances < n) {
                 smallest = Some((instances, outcome.peak_rss));
             }
         }
@@ -204,7 +241,10 @@ async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> 
     }
 
     // 2: ingest.
-    for &backend in &args.backends {
+    if !wanted(Section::Ingest) {
+        skipped(report, "ingest", "dltsub ingest");
+    }
+    for &backend in args.backends.iter().filter(|_| wanted(Section::Ingest)) {
         for &per_list in &args.ingest_batches_per_list {
             eprintln!("ingest: {backend:?}, {per_list} batch(es) per list");
             scenarios::ingest(
@@ -224,7 +264,10 @@ async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> 
     }
 
     // 3: latency.
-    for &backend in &args.backends {
+    if !wanted(Section::Latency) {
+        skipped(report, "latency", "dltsub latency");
+    }
+    for &backend in args.backends.iter().filter(|_| wanted(Section::Latency)) {
         for &commit_latency in &args.latency_commit {
             eprintln!("latency: {backend:?}, ledger commit latency {commit_latency:?}");
             scenarios::latency(
@@ -244,7 +287,10 @@ async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> 
     }
 
     // 4: failover, on PostgreSQL (the production backend).
-    for choice in &args.failover {
+    if !wanted(Section::Failover) {
+        skipped(report, "failover", "dltsub failover");
+    }
+    for choice in args.failover.iter().filter(|_| wanted(Section::Failover)) {
         let expiries = match choice {
             ExpiryChoice::Short => Expiries::short(),
             ExpiryChoice::Default => Expiries::default_config(),
@@ -258,7 +304,10 @@ async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> 
     }
 
     // 5: claim scale.
-    for &backend in &args.backends {
+    if !wanted(Section::Claims) {
+        skipped(report, "claims", "dltsub claim tick");
+    }
+    for &backend in args.backends.iter().filter(|_| wanted(Section::Claims)) {
         eprintln!("claim scale: {backend:?}");
         scenarios::claim_scale(
             test_backend(backend),
@@ -273,7 +322,9 @@ async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> 
     // 7: peers on the same PostgreSQL, and pgbench.
     let jobs = args.peer_jobs.unwrap_or(args.batches);
     let mut rates = Vec::new();
-    if args.no_peers {
+    if !wanted(Section::Peers) {
+        skipped(report, "peers", "pgqueuer, graphile-worker");
+    } else if args.no_peers {
         for peer in ["pgqueuer", "graphile-worker"] {
             report.add(
                 "peers",
@@ -297,7 +348,11 @@ async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> 
         match peers::install(&peers_dir).await {
             Ok(installed) => {
                 eprintln!("peers: draining {jobs} no-op jobs each");
-                rates = peers::drains(&installed, jobs, one_instance_pg, report).await;
+                let default = one_instance_pg
+                    .iter()
+                    .find(|(k, _)| *k == 1)
+                    .map(|(_, rate)| *rate);
+                rates = peers::drains(&installed, jobs, default, report).await;
             }
             Err(error) => {
                 for peer in ["pgqueuer", "graphile-worker"] {
@@ -310,44 +365,50 @@ async fn measure(args: &AllArgs, dir: &std::path::Path, report: &mut Report) -> 
             }
         }
     }
-    eprintln!("pgbench");
-    peers::pgbench(args.pgbench_duration, report).await;
+    if wanted(Section::Pgbench) {
+        eprintln!("pgbench");
+        peers::pgbench(args.pgbench_duration, report).await;
+    } else {
+        skipped(report, "peers", "pgbench");
+    }
 
     // The goals of issue #8, stated against this run's own figures.
-    summary(args, one_instance_pg, &rates, report);
+    summary(args, &one_instance_pg, &rates, report);
     Ok(())
 }
 
-fn summary(args: &AllArgs, dltsub: Option<f64>, rates: &[(String, f64)], report: &mut Report) {
+fn summary(args: &AllArgs, dltsub: &[(i32, f64)], rates: &[(String, f64)], report: &mut Report) {
     let fastest = rates.iter().max_by(|a, b| a.1.total_cmp(&b.1));
-    match (dltsub, fastest) {
-        (Some(dltsub), Some((peer, rate))) => {
-            for (peer, rate) in rates {
+    match fastest {
+        Some((peer, rate)) if !dltsub.is_empty() => {
+            for (k, dltsub) in dltsub {
+                for (peer, rate) in rates {
+                    report.add(
+                        "summary",
+                        format!("dltsub (postgres, 1 instance, max_in_flight {k}) / {peer}"),
+                        super::report::ratio(dltsub / rate),
+                        "drain rates on the same database, same run".into(),
+                        dltsub / rate,
+                    );
+                }
                 report.add(
                     "summary",
-                    format!("dltsub / {peer} (drain, postgres, 1 instance)"),
-                    format!("{:.2}", dltsub / rate),
-                    String::new(),
+                    format!("goal: drain >= fastest peer (max_in_flight {k})"),
+                    if dltsub >= rate {
+                        "met".into()
+                    } else {
+                        "not met".into()
+                    },
+                    format!("dltsub {dltsub:.0}/s vs {peer} {rate:.0}/s on the same database"),
                     dltsub / rate,
                 );
             }
-            report.add(
-                "summary",
-                "goal: drain >= fastest peer".into(),
-                if dltsub >= *rate {
-                    "met".into()
-                } else {
-                    "not met".into()
-                },
-                format!("dltsub {dltsub:.0}/s vs {peer} {rate:.0}/s on the same database"),
-                dltsub / rate,
-            );
         }
         _ => report.add(
             "summary",
             "goal: drain >= fastest peer".into(),
             "not measured".into(),
-            if dltsub.is_none() {
+            if dltsub.is_empty() {
                 "no PostgreSQL 1-instance drain in this run".into()
             } else {
                 "no peer ran".into()

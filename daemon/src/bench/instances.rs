@@ -145,17 +145,25 @@ impl Instance {
     /// Statements (with BEGIN and COMMIT) the instance has sent to the database so far,
     /// from its `/metrics`.
     pub async fn round_trips(&self) -> anyhow::Result<u64> {
+        let text = self.metrics().await?;
+        let name = crate::metrics::DATABASE_ROUND_TRIPS;
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .map(|value| value as u64)
+            .with_context(|| format!("no {name} in {}", self.metrics_url))
+    }
+
+    /// The instance's `/metrics` text; also saved beside its log (`NAME.metrics`), for
+    /// looking at where the time went after a run with `--keep`.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
         let text = reqwest::get(&self.metrics_url)
             .await
             .and_then(|response| response.error_for_status())
             .with_context(|| format!("scraping {}", self.metrics_url))?
             .text()
             .await?;
-        let name = crate::metrics::DATABASE_ROUND_TRIPS;
-        text.lines()
-            .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
-            .map(|value| value as u64)
-            .with_context(|| format!("no {name} in {}", self.metrics_url))
+        let _ = std::fs::write(self.log.with_extension("metrics"), &text);
+        Ok(text)
     }
 
     /// Peak resident memory of the process so far (`VmHWM`), in bytes.
@@ -169,6 +177,27 @@ impl Instance {
             })
             .map(|kib| kib * 1024)
             .context("no VmHWM in /proc/PID/status")
+    }
+
+    /// CPU time (user + system) the process has used so far, in seconds.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
+        // Fields after the command name (which may contain spaces) start at the last ')'.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .context("malformed /proc/PID/stat")?
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks = |index: usize| -> anyhow::Result<f64> {
+            Ok(fields
+                .get(index)
+                .context("short /proc/PID/stat")?
+                .parse::<f64>()?)
+        };
+        // utime and stime are fields 14 and 15 of stat(5): 11 and 12 after the name.
+        // Linux reports them in USER_HZ, which is 100 on every architecture it runs on.
+        Ok((ticks(11)? + ticks(12)?) / 100.0)
     }
 
     /// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`).

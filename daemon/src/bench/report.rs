@@ -133,3 +133,14 @@ pub fn millis(seconds: f64) -> String {
 pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
+
+/// A ratio with three significant digits: `0.0123`, `0.456`, `1.23`.
+pub fn ratio(value: f64) -> String {
+    if value >= 1.0 {
+        format!("{value:.2}")
+    } else if value >= 0.1 {
+        format!("{value:.3}")
+    } else {
+        format!("{value:.4}")
+    }
+}

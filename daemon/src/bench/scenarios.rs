@@ -120,9 +120,11 @@ pub async fn drain(
     let seconds = started.elapsed().as_secs_f64();
     let mut round_trips = 0;
     let mut peak_rss = 0;
+    let mut cpu = 0.0;
     for instance in &instances {
         round_trips += instance.round_trips().await?;
         peak_rss = peak_rss.max(instance.peak_rss()?);
+        cpu += instance.cpu_seconds()?;
     }
     stop_all(instances).await;
     drained?;
@@ -139,20 +141,27 @@ pub async fn drain(
     report.add(
         "drain",
         format!(
-            "{}, {} instance{}",
+            "{}, {} instance{}{}",
             backend_name(case.backend),
             case.instances,
-            if case.instances == 1 { "" } else { "s" }
+            if case.instances == 1 { "" } else { "s" },
+            if case.max_in_flight == 1 {
+                String::new()
+            } else {
+                format!(", max_in_flight {}", case.max_in_flight)
+            }
         ),
         format!("{} batches/s", thousands(per_sec)),
         format!(
             "{} batches over {} services in {}; {:.2} SQL statements/batch; {:.2} batches/POST; \
-             peak RSS {}; ledger {} committed, {} duplicates; backlog loaded in {}",
+             instance CPU {:.0}% of one core; peak RSS {}; ledger {} committed, {} duplicates; \
+             backlog loaded in {}",
             thousands(case.batches as f64),
             thousands(case.services as f64),
             millis(seconds),
             round_trips as f64 / case.batches as f64,
             case.batches as f64 / posts.max(1) as f64,
+            cpu / seconds * 100.0,
             mib(peak_rss),
             thousands(on_ledger as f64),
             duplicates,
@@ -285,7 +294,9 @@ pub async fn latency(case: &LatencyCase, dir: &Path, report: &mut Report) -> any
         CancellationToken::new(),
     )
     .await?;
+    let offered = Instant::now();
     let drained = wait_drained(&store, Duration::from_secs(120)).await;
+    let backlog_cleared = offered.elapsed().as_secs_f64();
     instance.stop().await;
     devnet.shutdown().await?;
     drained?;
@@ -308,12 +319,13 @@ pub async fn latency(case: &LatencyCase, dir: &Path, report: &mut Report) -> any
         format!("p50 {} / p99 {}", millis(p50), millis(p99)),
         format!(
             "accepted -> COMMITTED on the database clock; {} batches ({} refused) over {} \
-             services in {}, one per POST; max {}",
+             services in {}, one per POST; max {}; all COMMITTED {} after the last was offered",
             thousands(latencies.len() as f64),
             outcome.errors,
             case.services,
             millis(outcome.seconds),
-            millis(max)
+            millis(max),
+            millis(backlog_cleared)
         ),
         p99,
     );
