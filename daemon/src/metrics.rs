@@ -25,6 +25,8 @@ pub const BATCHES_OLDEST: &str = "dltsub_batches_oldest_seconds";
 pub const SERVICES_UNCLAIMED: &str = "dltsub_services_unclaimed";
 /// How long the longest-waiting of those services has gone without a live claim.
 pub const SERVICES_UNCLAIMED_SECONDS: &str = "dltsub_services_unclaimed_seconds";
+/// Statements (including BEGIN and COMMIT) this instance has sent to the database.
+pub const DATABASE_ROUND_TRIPS: &str = "dltsub_database_round_trips_total";
 /// Database errors while computing the scrape-time gauges.
 pub const SCRAPE_ERRORS: &str = "dltsub_metrics_scrape_errors_total";
 
@@ -65,6 +67,10 @@ pub fn describe() {
         "How long the longest-waiting service with unfinished batches has had no live claim (computed at scrape time)"
     );
     metrics::describe_counter!(
+        DATABASE_ROUND_TRIPS,
+        "Statements, BEGINs and COMMITs this instance sent to the database"
+    );
+    metrics::describe_counter!(
         SCRAPE_ERRORS,
         "Scrapes whose database-derived gauges failed"
     );
@@ -97,6 +103,8 @@ pub async fn serve(
 }
 
 async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
+    // Read before this scrape's own query, so a scrape does not count itself.
+    metrics::counter!(DATABASE_ROUND_TRIPS).absolute(scrape.store.round_trips());
     match scrape.store.backlog_gauges().await {
         Ok(gauges) => {
             for status in BatchStatus::ALL.into_iter().filter(|s| !s.is_terminal()) {
@@ -175,6 +183,7 @@ pub fn catalogue() -> Vec<Family> {
         family(SERVICES_UNCLAIMED, Kind::Gauge, &[]),
         family(SERVICES_UNCLAIMED_SECONDS, Kind::Gauge, &[]),
         family(SCRAPE_ERRORS, Kind::Counter, &[]),
+        family(DATABASE_ROUND_TRIPS, Kind::Counter, &[]),
         family(submitter::SUBMISSIONS, Kind::Counter, &outcome()),
         family(submitter::SUBMITTED_BATCHES, Kind::Counter, &outcome()),
         family(submitter::POST_SECONDS, Kind::Histogram, &[]),

@@ -80,6 +80,15 @@ impl TestDatabase {
         run_migrations(&self.options).await
     }
 
+    /// On PostgreSQL, the URL of the database without the schema selection, and the name
+    /// of this database's schema: for benchmark peers that install their own tables in it.
+    pub fn postgres_schema(&self) -> Option<(&str, &str)> {
+        match &self.cleanup {
+            Cleanup::DropSchema { admin_url, schema } => Some((admin_url, schema)),
+            Cleanup::RemoveDir(_) => None,
+        }
+    }
+
     /// A new pool on this database.
     pub async fn store(&self) -> Store {
         Store::connect(&self.options)
@@ -177,6 +186,27 @@ impl Store {
         }
         .await;
         result.unwrap_or_else(|error| panic!("{sql}: {error}"))
+    }
+
+    /// For every COMMITTED batch accepted at or after `accepted_since_us`, the time from
+    /// its acceptance (`created_at_us`) to its COMMITTED status being recorded, in
+    /// microseconds, both on the database clock. For benchmarks (`dltsub bench all`).
+    pub async fn commit_latencies_us_for_bench(
+        &self,
+        accepted_since_us: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        use crate::schema::{batch_statuses, batches};
+        use diesel::prelude::*;
+        use diesel_async::RunQueryDsl;
+        crate::connection::with_conn!(self, |conn| {
+            Ok(batches::table
+                .inner_join(batch_statuses::table)
+                .filter(batch_statuses::status.eq(crate::BatchStatus::Committed.as_str()))
+                .filter(batches::created_at_us.ge(accepted_since_us))
+                .select(batch_statuses::updated_at_us - batches::created_at_us)
+                .load::<i64>(conn)
+                .await?)
+        })
     }
 
     /// Rows in `table` (a name from the schema; tests only, never user input).

@@ -1,5 +1,22 @@
 //! `dltsub bench …`: benchmark commands that print figures. Performance targets live
 //! here, never in timed tests.
+//!
+//! - `all` (`all.rs`): every figure of BENCHMARKS.md in one run — drain, ingest, latency,
+//!   failover, claim scale, memory, and the peer job queues on the same database — as one
+//!   table. Real `dltsub run` processes (`instances.rs`) against the simulated ledger in this
+//!   process, with the load of `workload.rs`; the measurements are in `scenarios.rs`, the
+//!   peers and pgbench in `peers.rs`, the table in `report.rs`.
+//! - `queuer`: the cost of one claim tick.
+//! - `devnet`: the simulated ledger's own speed.
+
+mod all;
+mod instances;
+mod peers;
+mod report;
+mod scenarios;
+mod workload;
+
+pub use all::AllArgs;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
@@ -7,6 +24,12 @@ use dltsub_store::testing::{TestBackend, TestDatabase};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Every figure of BENCHMARKS.md in one run, printed as one table: drain throughput
+    /// (1, 2, 4 instances; PostgreSQL and SQLite), ingest, latency, failover, claim scale,
+    /// memory, and PgQueuer, graphile-worker and pgbench on the same PostgreSQL. Uses
+    /// scratch schemas of the test database (`DLTSUB_TEST_DATABASE_URL`, default
+    /// postgres://dltsub:dltsub@127.0.0.1:5432/dltsub_test) and temporary SQLite files.
+    All(Box<AllArgs>),
     /// The cost of one claim tick: duration and database statements, for several numbers
     /// of services. Runs in a scratch schema of the test database (`scripts/setup-postgres`
     /// creates it; `DLTSUB_TEST_DATABASE_URL` overrides) or a scratch SQLite file.
@@ -16,7 +39,7 @@ pub enum BenchCommand {
     Devnet(dltsub_devnet::DevnetBenchArgs),
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
     Postgres,
     Sqlite,
@@ -39,6 +62,7 @@ pub struct QueuerBenchArgs {
 
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
+        BenchCommand::All(args) => all::run(*args).await,
         BenchCommand::Queuer(args) => queuer(args).await,
         BenchCommand::Devnet(args) => {
             let report = dltsub_devnet::run_bench(&args).await?;
