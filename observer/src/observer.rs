@@ -196,7 +196,10 @@ struct Polling {
     retry_at: HashMap<String, tokio::time::Instant>,
 }
 
-/// One finished status request: the batches asked about and the ledger's answer.
+/// The batches a status request asked about and the ledger's answer.
+type PollAnswer = (Vec<PollableBatch>, Result<Vec<LedgerStatus>, String>);
+
+/// One finished status request: its service, the batches asked about and the answer.
 type PollResult = (
     String,
     Vec<PollableBatch>,
@@ -218,33 +221,56 @@ impl Poller {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                Some(done) = in_flight.join_next_with_id() => match done {
-                    Ok((task, (service_id, batches, answer))) => {
-                        polling.by_task.remove(&task);
-                        polling.services.remove(&service_id);
-                        if answer.is_err() {
-                            // Don't hammer a failing ledger: this service waits a poll
-                            // interval; the others go on.
-                            polling.retry_at.insert(
-                                service_id,
-                                tokio::time::Instant::now() + self.config.poll_interval,
-                            );
+                Some(first) = in_flight.join_next_with_id() => {
+                    // Every poll that has finished by now is recorded in one transaction,
+                    // and the batches to poll are read once for all of them: one round
+                    // per wake-up, not one per service.
+                    let mut answers = Vec::new();
+                    let mut done = Some(first);
+                    while let Some(result) = done {
+                        if let Some(answer) = self.finish_poll(result, &mut polling) {
+                            answers.push(answer);
                         }
-                        self.record(&batches, answer).await;
+                        done = in_flight.try_join_next_with_id();
                     }
-                    Err(error) => {
-                        // A poll task that panicked must not leave its service unpolled.
-                        if let Some(service_id) = polling.by_task.remove(&error.id()) {
-                            polling.services.remove(&service_id);
-                        }
-                        tracing::error!(%error, "a status poll task failed");
-                    }
-                },
+                    self.record(answers).await;
+                }
                 _ = self.poll_wakeup.notified() => {}
                 _ = tokio::time::sleep(self.config.poll_interval) => {}
             }
         }
         in_flight.abort_all();
+    }
+
+    /// Updates `polling` for a finished poll task; returns what it asked and the answer.
+    fn finish_poll(
+        &self,
+        result: Result<(tokio::task::Id, PollResult), tokio::task::JoinError>,
+        polling: &mut Polling,
+    ) -> Option<PollAnswer> {
+        match result {
+            Ok((task, (service_id, batches, answer))) => {
+                polling.by_task.remove(&task);
+                polling.services.remove(&service_id);
+                if answer.is_err() {
+                    // Don't hammer a failing ledger: this service waits a poll interval;
+                    // the others go on.
+                    polling.retry_at.insert(
+                        service_id,
+                        tokio::time::Instant::now() + self.config.poll_interval,
+                    );
+                }
+                Some((batches, answer))
+            }
+            Err(error) => {
+                // A poll task that panicked must not leave its service unpolled.
+                if let Some(service_id) = polling.by_task.remove(&error.id()) {
+                    polling.services.remove(&service_id);
+                }
+                tracing::error!(%error, "a status poll task failed");
+                None
+            }
+        }
     }
 
     /// Turns own SUBMITTING batches this process lost track of IN_DOUBT, so they are
@@ -315,34 +341,38 @@ impl Poller {
         Ok(())
     }
 
-    async fn record(&self, batches: &[PollableBatch], answer: Result<Vec<LedgerStatus>, String>) {
-        let statuses = match answer {
-            Ok(statuses) => statuses,
-            Err(error) => {
-                metrics::counter!(m::POLL_ERRORS).increment(1);
-                tracing::warn!(%error, "batch status request failed");
-                return;
-            }
-        };
-        let by_id: HashMap<&str, &LedgerStatus> =
-            statuses.iter().map(|s| (s.batch_id.as_str(), s)).collect();
+    /// Records the transitions the ledger's answers call for, of every finished poll, in
+    /// one fenced transaction.
+    async fn record(&self, answers: Vec<PollAnswer>) {
         let mut grouped: BTreeMap<HeldClaim, Vec<Transition>> = BTreeMap::new();
         let epochs = self.claims.held_claims().borrow().epochs.clone();
-        for batch in batches {
-            let (Some(status), Some(epoch)) = (
-                by_id.get(batch.batch_id.as_str()),
-                epochs.get(&batch.service_id),
-            ) else {
-                continue;
+        for (batches, answer) in &answers {
+            let statuses = match answer {
+                Ok(statuses) => statuses,
+                Err(error) => {
+                    metrics::counter!(m::POLL_ERRORS).increment(1);
+                    tracing::warn!(%error, "batch status request failed");
+                    continue;
+                }
             };
-            if let Some(transition) = after_status(batch, status, self.config.unknown_grace) {
-                grouped
-                    .entry(HeldClaim {
-                        service_id: batch.service_id.clone(),
-                        epoch: *epoch,
-                    })
-                    .or_default()
-                    .push(transition);
+            let by_id: HashMap<&str, &LedgerStatus> =
+                statuses.iter().map(|s| (s.batch_id.as_str(), s)).collect();
+            for batch in batches {
+                let (Some(status), Some(epoch)) = (
+                    by_id.get(batch.batch_id.as_str()),
+                    epochs.get(&batch.service_id),
+                ) else {
+                    continue;
+                };
+                if let Some(transition) = after_status(batch, status, self.config.unknown_grace) {
+                    grouped
+                        .entry(HeldClaim {
+                            service_id: batch.service_id.clone(),
+                            epoch: *epoch,
+                        })
+                        .or_default()
+                        .push(transition);
+                }
             }
         }
         if grouped.is_empty() {
