@@ -99,13 +99,11 @@ async fn run_driver(mut command: Command, what: &str) -> anyhow::Result<PeerDrai
     .with_context(|| format!("cannot run {what}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let last = stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        bail!("{what} exited with {}: {last}", output.status);
+        bail!(
+            "{what} exited with {}: {}",
+            output.status,
+            last_stderr_line(&output)
+        );
     }
     let line = stdout
         .lines()
@@ -247,11 +245,7 @@ pub async fn pgbench(duration: Duration, report: &mut Report) {
     match run(vec!["-i".into(), "-q".into(), "-s".into(), "1".into()]).await {
         Ok(output) if output.status.success() => {}
         Ok(output) => {
-            let reason = String::from_utf8_lossy(&output.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-                .to_string();
+            let reason = last_stderr_line(&output);
             report.unavailable(
                 "peers",
                 "pgbench".into(),
@@ -322,11 +316,7 @@ pub async fn pgbench(duration: Duration, report: &mut Report) {
                 }
             }
             Ok(output) => {
-                let reason = String::from_utf8_lossy(&output.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-                    .to_string();
+                let reason = last_stderr_line(&output);
                 report.unavailable("peers", case.into(), format!("pgbench failed: {reason}"));
             }
             Err(error) => {
@@ -335,4 +325,14 @@ pub async fn pgbench(duration: Duration, report: &mut Report) {
         }
     }
     let _ = std::fs::remove_file(&script);
+}
+
+/// The last non-blank line a failed command wrote to stderr: usually its error message.
+fn last_stderr_line(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .rev()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or("")
+        .to_string()
 }
