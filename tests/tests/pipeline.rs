@@ -47,7 +47,9 @@ fn count_posts(cluster: &Cluster, counted: impl Fn(Option<u16>) -> bool) -> Hash
 /// submitted (the work was shared, so the order held across claims).
 async fn two_instances_commit_everything_in_order_once(backend: TestBackend) {
     let mut cluster = Cluster::scabbard(backend).await;
-    cluster.set_commit_latency("5ms");
+    // Slow enough that one instance cannot drain everything (20 batches of a service, one
+    // after the other) before the second has joined and taken its share.
+    cluster.set_commit_latency("50ms");
     let mut accepted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for service in 0..50u64 {
         let id = format!("circuit::svc{service:02}");
