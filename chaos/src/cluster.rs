@@ -21,6 +21,8 @@ pub const RENEW_INTERVAL: Duration = Duration::from_millis(500);
 pub struct Instance {
     pub child: Child,
     pub pid: u32,
+    /// Its API port on 127.0.0.1.
+    pub api_port: u16,
     /// Its `/metrics` port on 127.0.0.1.
     pub metrics_port: u16,
     pub report: PathBuf,
@@ -28,7 +30,11 @@ pub struct Instance {
 }
 
 pub struct Cluster {
-    pub database: TestDatabase,
+    /// The test schema or file this cluster made (dropped with it); `None` when it runs
+    /// on a database of the caller's ([`Cluster::start_on`]).
+    pub database: Option<TestDatabase>,
+    /// The URL the instances are given.
+    pub database_url: String,
     pub store: Store,
     pub ledger: Devnet,
     pub dir: tempfile::TempDir,
@@ -42,12 +48,25 @@ impl Cluster {
     pub async fn start(backend: TestBackend) -> anyhow::Result<Self> {
         let database = TestDatabase::migrated(backend).await;
         let store = database.store().await;
+        let database_url = match &database.options.url {
+            DatabaseUrl::Postgres(url) => url.clone(),
+            DatabaseUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
+        };
+        let mut cluster = Self::start_on(database_url, store).await?;
+        cluster.database = Some(database);
+        Ok(cluster)
+    }
+
+    /// A cluster on a database the caller made and migrated, reached at `database_url`
+    /// (the instances' URL) and through `store` (the harness's).
+    pub async fn start_on(database_url: String, store: Store) -> anyhow::Result<Self> {
         let mut config = DevnetConfig::new(Dialect::Scabbard);
         // Slow enough that the work spans several claim ticks (E1 and E9 are reached per tick).
         config.faults.commit_latency = Latency::fixed(Duration::from_millis(100));
         let ledger = Devnet::spawn(config).await?;
         Ok(Self {
-            database,
+            database: None,
+            database_url,
             store,
             ledger,
             dir: tempfile::tempdir()?,
@@ -55,13 +74,6 @@ impl Cluster {
             broken: None,
             exe: std::env::current_exe().context("cannot find the chaos executable")?,
         })
-    }
-
-    fn database_url(&self) -> String {
-        match &self.database.options.url {
-            DatabaseUrl::Postgres(url) => url.clone(),
-            DatabaseUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
-        }
     }
 
     /// Starts one instance with the chaos `plan` (empty: no faults).
@@ -77,16 +89,17 @@ impl Cluster {
         database_url: Option<String>,
         ledger_url: Option<String>,
     ) -> anyhow::Result<usize> {
-        let database_url = database_url.unwrap_or_else(|| self.database_url());
+        let database_url = database_url.unwrap_or_else(|| self.database_url.clone());
         let ledger_url = ledger_url.unwrap_or_else(|| self.ledger.base_url().to_string());
         let index = self.instances.len();
         let report = self.dir.path().join(format!("chaos-{index}.jsonl"));
         let log = self.dir.path().join(format!("instance-{index}.log"));
         let metrics_port = free_port()?;
+        let api_port = free_port()?;
         let child = Command::new(&self.exe)
             .args(["instance", "--database-url", &database_url])
             .args(["--dlt-url", &ledger_url])
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", &format!("127.0.0.1:{api_port}")])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(["--migrate-on-start", "false"])
             .args(["--fast-expiry", &format!("{}ms", FAST_EXPIRY.as_millis())])
@@ -120,6 +133,7 @@ impl Cluster {
         self.instances.push(Instance {
             child,
             pid,
+            api_port,
             metrics_port,
             report,
             log,
@@ -249,7 +263,7 @@ impl Cluster {
 }
 
 /// A free TCP port on 127.0.0.1 (free when asked; the instance binds it soon after).
-fn free_port() -> anyhow::Result<u16> {
+pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

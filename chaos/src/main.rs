@@ -5,6 +5,7 @@
 //! chaos one --plan E5.after@3 --fault delay      one scenario (the replay command the table prints)
 //! chaos soak --duration 30m [--seed X]           random multi-fault schedules until the time is up
 //! chaos schedule --seed N                        one schedule (the replay command soak prints)
+//! chaos db-failover [--batches-per-service N]    PostgreSQL primary killed under load (pg_auto_failover)
 //! ```
 //!
 //! Instances are this binary's hidden `instance` subcommand: dltsub's own instance code,
@@ -96,6 +97,21 @@ enum Command {
         #[arg(long, value_enum, default_value = "postgres")]
         backend: Backend,
     },
+    /// The database fails over under load: a pg_auto_failover cluster (monitor, primary,
+    /// synchronous standby) in a temporary directory, dltsub instances and a client on it;
+    /// the primary node is SIGKILLed mid-run. Prints the failover figures; exit 1 if an
+    /// accepted batch was lost or any invariant broke.
+    DbFailover {
+        #[arg(long, default_value_t = 3)]
+        instances: usize,
+        #[arg(long, default_value_t = 6)]
+        services: u64,
+        #[arg(long, default_value_t = 30)]
+        batches_per_service: u64,
+        /// Pause between one service's submissions, in milliseconds.
+        #[arg(long, default_value_t = 40)]
+        pace_ms: u64,
+    },
     /// One dltsub instance with the chaos event points (what the harness starts).
     #[command(hide = true)]
     Instance {
@@ -170,6 +186,22 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     .collect();
             }
             run_all(backend, scenarios, network).await
+        }
+        Command::DbFailover {
+            instances,
+            services,
+            batches_per_service,
+            pace_ms,
+        } => {
+            let report = chaos::run_db_failover(chaos::FailoverRun {
+                instances,
+                services,
+                batches_per_service,
+                pace: Duration::from_millis(pace_ms),
+            })
+            .await?;
+            report.print();
+            Ok(report.passed())
         }
         Command::One {
             plan,

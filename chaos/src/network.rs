@@ -80,10 +80,11 @@ pub async fn run_net_scenario(scenario: NetScenario) -> anyhow::Result<Outcome> 
     let started = Instant::now();
     let mut cluster = Cluster::start(TestBackend::Postgres).await?;
     enqueue_workload(&cluster).await?;
-    let DatabaseUrl::Postgres(database_url) = &cluster.database.options.url else {
+    let Ok(DatabaseUrl::Postgres(database_url)) = cluster.database_url.parse::<DatabaseUrl>()
+    else {
         anyhow::bail!("network scenarios need PostgreSQL");
     };
-    let mut database = url::Url::parse(database_url)?;
+    let mut database = url::Url::parse(&database_url)?;
     let database_target = socket_of(
         database.host_str().unwrap_or("127.0.0.1"),
         database.port().unwrap_or(5432),

@@ -143,7 +143,7 @@ const BATCHES_PER_SERVICE: u64 = 16;
 /// How long the drain may take after the fault.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn batch(service: u64, n: u64) -> NewBatch {
+pub(crate) fn batch(service: u64, n: u64) -> NewBatch {
     let batch_id = format!("{service:064x}{n:064x}");
     // One batch per service is rejected by the ledger.
     let payload = if n == 5 {

@@ -109,6 +109,12 @@ const KEYS: &[Key] = &[
         doc: "This instance's weight in the fair share of services (relative to the others' capacity)",
     },
     Key {
+        name: "instance_labels",
+        default: "",
+        kind: Kind::Text,
+        doc: "This instance's labels for pinning, comma-separated (\"gpu,eu-west\"; lowercase letters, digits, '.', '-'): a service pinned to a label is held only by instances carrying it, a service excluding one never by them",
+    },
+    Key {
         name: "dlt_url",
         default: "http://127.0.0.1:8008",
         kind: Kind::Text,
@@ -420,6 +426,8 @@ pub struct Config {
     pub slow_expiry: Duration,
     pub renew_interval: Duration,
     pub instance_capacity: u32,
+    /// Labels for pinning; empty: none.
+    pub instance_labels: Vec<String>,
     pub dlt_url: url::Url,
     pub dlt_dialect: DltDialect,
     pub dlt_request_timeout: Duration,
@@ -513,6 +521,7 @@ impl Config {
             slow_expiry: get("slow_expiry").duration()?,
             renew_interval: get("renew_interval").duration()?,
             instance_capacity: get("instance_capacity").positive_integer()?,
+            instance_labels: get("instance_labels").labels()?,
             dlt_url: get("dlt_url").http_url()?,
             dlt_dialect: get("dlt_dialect").parse()?,
             dlt_request_timeout: get("dlt_request_timeout").duration()?,
@@ -726,6 +735,10 @@ impl Field<'_> {
             });
         }
         Ok(Some(self.text.to_string()))
+    }
+
+    fn labels(&self) -> Result<Vec<String>, ConfigError> {
+        dltsub_store::parse_labels(self.text).map_err(|problem| self.error(problem))
     }
 
     fn service_id(&self) -> Result<String, ConfigError> {

@@ -3,6 +3,7 @@
 pub mod api;
 pub mod bench;
 pub mod config;
+pub mod console;
 pub mod demo;
 pub mod metrics;
 pub mod migrate;

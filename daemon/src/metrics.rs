@@ -25,6 +25,9 @@ pub const BATCHES_OLDEST: &str = "dltsub_batches_oldest_seconds";
 pub const SERVICES_UNCLAIMED: &str = "dltsub_services_unclaimed";
 /// How long the longest-waiting of those services has gone without a live claim.
 pub const SERVICES_UNCLAIMED_SECONDS: &str = "dltsub_services_unclaimed_seconds";
+/// Services pinned to a label (or excluding one) that no live instance may hold (scrape
+/// time).
+pub const SERVICES_UNSERVED: &str = "dltsub_services_unserved";
 /// Statements (including BEGIN and COMMIT) this instance has sent to the database.
 pub const DATABASE_ROUND_TRIPS: &str = "dltsub_database_round_trips_total";
 /// Database errors while computing the scrape-time gauges.
@@ -66,6 +69,10 @@ pub fn describe() {
         metrics::Unit::Seconds,
         "How long the longest-waiting service with unfinished batches has had no live claim (computed at scrape time)"
     );
+    metrics::describe_gauge!(
+        SERVICES_UNSERVED,
+        "Services pinned to a label (or excluding one) that no live instance may hold, cluster-wide (computed at scrape time)"
+    );
     metrics::describe_counter!(
         DATABASE_ROUND_TRIPS,
         "Statements, BEGINs and COMMITs this instance sent to the database"
@@ -80,6 +87,8 @@ pub fn describe() {
 struct Scrape {
     handle: PrometheusHandle,
     store: Store,
+    /// An instance silent this long is not live (for the unserved gauge).
+    instance_stale_after: std::time::Duration,
 }
 
 /// Serves `/metrics` on `listen` until `shutdown`.
@@ -87,6 +96,7 @@ pub async fn serve(
     listen: SocketAddr,
     handle: PrometheusHandle,
     store: Store,
+    instance_stale_after: std::time::Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
@@ -95,7 +105,11 @@ pub async fn serve(
     tracing::info!("metrics on http://{}/metrics", listener.local_addr()?);
     let app = Router::new()
         .route("/metrics", get(scrape))
-        .with_state(Scrape { handle, store });
+        .with_state(Scrape {
+            handle,
+            store,
+            instance_stale_after,
+        });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
@@ -121,6 +135,17 @@ async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
             // Serve the process's own metrics anyway; the gauges keep their last values.
             metrics::counter!(SCRAPE_ERRORS).increment(1);
             tracing::warn!(%error, "computing batch gauges for a scrape failed");
+        }
+    }
+    match scrape
+        .store
+        .unserved_services(scrape.instance_stale_after)
+        .await
+    {
+        Ok(unserved) => metrics::gauge!(SERVICES_UNSERVED).set(unserved as f64),
+        Err(error) => {
+            metrics::counter!(SCRAPE_ERRORS).increment(1);
+            tracing::warn!(%error, "computing the unserved services gauge for a scrape failed");
         }
     }
     (
@@ -182,6 +207,7 @@ pub fn catalogue() -> Vec<Family> {
         family(BATCHES_OLDEST, Kind::Gauge, &[("status", UNFINISHED)]),
         family(SERVICES_UNCLAIMED, Kind::Gauge, &[]),
         family(SERVICES_UNCLAIMED_SECONDS, Kind::Gauge, &[]),
+        family(SERVICES_UNSERVED, Kind::Gauge, &[]),
         family(SCRAPE_ERRORS, Kind::Counter, &[]),
         family(DATABASE_ROUND_TRIPS, Kind::Counter, &[]),
         family(submitter::SUBMISSIONS, Kind::Counter, &outcome()),

@@ -32,7 +32,8 @@ pub async fn run(
     metrics: Option<PrometheusHandle>,
 ) -> anyhow::Result<()> {
     let capacity = i32::try_from(config.instance_capacity).unwrap_or(i32::MAX);
-    let me = this_instance(capacity);
+    let mut me = this_instance(capacity);
+    me.labels = config.instance_labels.clone();
     let mut options = config.store_options();
     // Every session carries the instance's tag, so that other instances can tell when its
     // process is gone (store/src/liveness.rs).
@@ -132,6 +133,11 @@ pub async fn run(
             max_queued_per_service: config.max_queued_per_service,
             api_token: config.api_token.clone(),
             max_body_bytes: config.max_body_size as usize,
+            console: crate::console::ConsoleSettings::new(
+                config.fast_expiry,
+                config.slow_expiry,
+                config.renew_interval * 3,
+            ),
         },
         api_stop.clone(),
     ));
@@ -141,6 +147,7 @@ pub async fn run(
             config.metrics_listen,
             handle,
             store.clone(),
+            config.renew_interval * 3,
             metrics_stop.clone(),
         ))
     });

@@ -57,6 +57,7 @@ async fn take_all(store: &Store, name: &str) -> Vec<dltsub_store::HeldClaim> {
         version: "test".into(),
         capacity: 1,
         session_tag: None,
+        labels: Vec::new(),
     };
     let timing = ClaimTiming {
         fast_expiry: Duration::from_secs(30),
@@ -64,9 +65,8 @@ async fn take_all(store: &Store, name: &str) -> Vec<dltsub_store::HeldClaim> {
         instance_stale_after: Duration::from_secs(30),
     };
     store
-        .claim_tick(&me, InstanceState::Running, timing, |_| TickPlan {
-            acquire: 1_000,
-            ..TickPlan::default()
+        .claim_tick(&me, InstanceState::Running, timing, |_| {
+            TickPlan::unpinned(1_000)
         })
         .await
         .unwrap()

@@ -38,7 +38,7 @@ async fn migrate_twice(backend: TestBackend) {
         stderr(&first)
     );
     assert!(
-        stdout(&first).starts_with("applied 3 of 3 migrations"),
+        stdout(&first).starts_with("applied 4 of 4 migrations"),
         "{}",
         stdout(&first)
     );
@@ -60,7 +60,7 @@ async fn migrate_twice(backend: TestBackend) {
         stderr(&second)
     );
     assert!(
-        stdout(&second).contains("is up to date (3 migrations)"),
+        stdout(&second).contains("is up to date (4 migrations)"),
         "{}",
         stdout(&second)
     );

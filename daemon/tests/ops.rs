@@ -1,6 +1,6 @@
 //! The operator commands as an operator runs them: a real `dltsub run` (with a bearer
 //! token) in front of the simulated ledger, and `dltsub submit | status | services | claims
-//! | instances | pause | resume | cancel | requeue | max-in-flight` as separate processes,
+//! | instances | pause | resume | cancel | requeue | max-in-flight | pin` as separate processes,
 //! checked by their output and exit codes. Both backends.
 
 mod support;
@@ -201,6 +201,20 @@ async fn operator_commands_end_to_end(backend: TestBackend) {
     let (code, _, err) = ops.ops(&["max-in-flight", "circ::svc", "0"]).await;
     assert_eq!(code, 2);
     assert!(err.contains("max_in_flight"), "{err}");
+    let (code, out, _) = ops
+        .ops(&["pin", "circ::svc", "--label", "gpu", "--exclude", "eu"])
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("only instances labelled \"gpu\" and not \"eu\""),
+        "{out}"
+    );
+    let (code, _, err) = ops.ops(&["pin", "circ::svc", "--label", "GPU"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("pin_label"), "{err}");
+    let (code, out, _) = ops.ops(&["pin", "circ::svc"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("any instance may hold"), "{out}");
     let (code, _, err) = ops.ops(&["pause", "no::such"]).await;
     assert_eq!(code, 2);
     assert!(err.contains("unknown_service"), "{err}");

@@ -72,6 +72,7 @@ pub async fn run_queuer_bench(
             version: env!("CARGO_PKG_VERSION").into(),
             capacity: 1,
             session_tag: None,
+            labels: Vec::new(),
         };
         queuers.push((store.clone(), Queuer::new(store, me, config.clone())));
     }

@@ -17,6 +17,7 @@ pub fn this_instance(capacity: i32) -> InstanceInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         capacity,
         session_tag: Some(format!("dltsub:{pid}:{}", &suffix[..8])),
+        labels: Vec::new(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dltsub_queuer::{Queuer, QueuerConfig};
 use dltsub_store::testing::{TestBackend, TestDatabase};
-use dltsub_store::{HeldClaim, InstanceInfo, NewBatch, Store, backend_tests};
+use dltsub_store::{HeldClaim, InstanceInfo, NewBatch, Pin, Store, backend_tests};
 
 const FAST: Duration = Duration::from_secs(10);
 const SLOW: Duration = Duration::from_secs(60);
@@ -20,6 +20,7 @@ fn instance(name: &str) -> InstanceInfo {
         version: "test".into(),
         capacity: 1,
         session_tag: None,
+        labels: Vec::new(),
     }
 }
 
@@ -214,6 +215,7 @@ async fn gone_holder_loses_its_services_at_the_fast_expiry(backend: TestBackend)
         version: "test".into(),
         capacity: 1,
         session_tag: Some(format!("dltsub:{pid}:aaaaaaaa")),
+        labels: Vec::new(),
     };
     let mut options = database.options.clone();
     options.application_name = me.session_tag.clone();
@@ -242,6 +244,7 @@ async fn gone_holder_loses_its_services_at_the_fast_expiry(backend: TestBackend)
             version: "test".into(),
             capacity: 1,
             session_tag: Some("dltsub:1:bbbbbbbb".into()),
+            labels: Vec::new(),
         },
         QueuerConfig::from_timings(FAST, SLOW, RENEW),
     );
@@ -570,8 +573,148 @@ async fn statements_per_tick_do_not_grow_with_services(backend: TestBackend) {
     );
 }
 
+/// Pinning: services pinned to "gpu" go only to the instance labelled gpu, services
+/// excluding "gpu" only to the other, unpinned ones are shared evenly by both, and a
+/// service pinned to a label nobody has stays unclaimed and is counted unserved. A new pin
+/// moves a service at the holder's next tick; an instance with the label picks up the
+/// unserved one. Fair share is per group, so the steady state never thrashes.
+async fn pinned_services_follow_labels(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    let pin = |pin: Option<&str>, exclude: Option<&str>| Pin {
+        pin_label: pin.map(Into::into),
+        exclude_label: exclude.map(Into::into),
+    };
+    let ids = services(&store, 13).await;
+    // svc 0-5 unpinned, 6-9 pinned to gpu, 10-11 excluding gpu, 12 pinned to arm.
+    for id in &ids[6..10] {
+        assert!(
+            store
+                .set_service_pin(id, &pin(Some("gpu"), None))
+                .await
+                .unwrap()
+        );
+    }
+    for id in &ids[10..12] {
+        assert!(
+            store
+                .set_service_pin(id, &pin(None, Some("gpu")))
+                .await
+                .unwrap()
+        );
+    }
+    assert!(
+        store
+            .set_service_pin(&ids[12], &pin(Some("arm"), None))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .set_service_pin("nope", &Pin::default())
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .set_service_pin(&ids[0], &pin(Some("gpu"), Some("gpu")))
+            .await
+            .is_err(),
+        "pinned to the label it excludes"
+    );
+
+    let labelled = |name: &str, labels: &[&str]| {
+        let mut me = instance(name);
+        me.labels = labels.iter().map(ToString::to_string).collect();
+        Queuer::new(
+            store.clone(),
+            me,
+            QueuerConfig::from_timings(FAST, SLOW, RENEW),
+        )
+    };
+    let mut a = labelled("a", &["gpu", "eu"]);
+    let mut b = labelled("b", &["eu"]);
+    for _ in 0..3 {
+        a.tick().await.unwrap();
+        b.tick().await.unwrap();
+        database
+            .options
+            .clock_offset
+            .advance(Duration::from_secs(1));
+    }
+    let holders = |claims: &BTreeMap<String, (Option<String>, i64)>,
+                   range: std::ops::Range<usize>| {
+        ids[range]
+            .iter()
+            .map(|id| claims[id].0.clone())
+            .collect::<Vec<_>>()
+    };
+    let a_id = Some("a:1:00000000".to_string());
+    let b_id = Some("b:1:00000000".to_string());
+    let claims = claim_table(&store).await;
+    assert_eq!(
+        holders(&claims, 6..10),
+        vec![a_id.clone(); 4],
+        "pinned to gpu"
+    );
+    assert_eq!(
+        holders(&claims, 10..12),
+        vec![b_id.clone(); 2],
+        "excluding gpu"
+    );
+    assert_eq!(
+        holders(&claims, 12..13),
+        vec![None],
+        "pinned to a label nobody has"
+    );
+    let unpinned = holders(&claims, 0..6);
+    assert_eq!(
+        unpinned.iter().filter(|h| **h == a_id).count(),
+        3,
+        "unpinned services shared evenly: {unpinned:?}"
+    );
+    assert_eq!(unpinned.iter().filter(|h| **h == b_id).count(), 3);
+    assert_eq!(store.unserved_services(RENEW * 3).await.unwrap(), 1);
+
+    // Steady: another round changes nothing.
+    let report_a = a.tick().await.unwrap();
+    let report_b = b.tick().await.unwrap();
+    assert!(report_a.acquired.is_empty() && report_a.released.is_empty());
+    assert!(report_b.acquired.is_empty() && report_b.released.is_empty());
+
+    // Re-pin a gpu service away from gpu: a hands it over, b takes it.
+    store
+        .set_service_pin(&ids[6], &pin(None, Some("gpu")))
+        .await
+        .unwrap();
+    let report = a.tick().await.unwrap();
+    assert_eq!(report.released, vec![ids[6].clone()]);
+    let report = b.tick().await.unwrap();
+    assert_eq!(report.acquired.len(), 1);
+    assert_eq!(report.acquired[0].service_id, ids[6]);
+
+    // An instance labelled arm joins: the unserved service is served.
+    let mut c = labelled("c", &["arm"]);
+    let report = c.tick().await.unwrap();
+    assert!(
+        report
+            .acquired
+            .iter()
+            .any(|claim| claim.service_id == ids[12]),
+        "{report:?}"
+    );
+    assert_eq!(store.unserved_services(RENEW * 3).await.unwrap(), 0);
+
+    // The arm instance goes silent: the service is unserved again once it is stale.
+    database.options.clock_offset.advance(RENEW * 4);
+    a.tick().await.unwrap();
+    b.tick().await.unwrap();
+    assert_eq!(store.unserved_services(RENEW * 3).await.unwrap(), 1);
+}
+
 backend_tests!(
     statements_per_tick_do_not_grow_with_services,
+    pinned_services_follow_labels,
     acquire_renew_release,
     fast_and_slow_path_takeover,
     gone_holder_loses_its_services_at_the_fast_expiry,

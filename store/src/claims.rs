@@ -6,6 +6,11 @@
 //! hold, then release and acquire as the caller's plan says. Its statement count does not
 //! depend on the number of services.
 //!
+//! **Pinning.** The plan is per pin group (`pinning.rs`): the tick reads the groups in one
+//! statement, and each release or acquisition statement is restricted to one group, run
+//! only for groups the plan has something to do in. The takeable rule and the locking are
+//! the same in every group.
+//!
 //! **Takeable claims.** A claim row may be acquired when it is unclaimed, past its slow
 //! expiry, or past its fast expiry while no batch of its service is SUBMITTING. On
 //! PostgreSQL the candidate rows are locked with `FOR UPDATE SKIP LOCKED`, so concurrent
@@ -39,6 +44,7 @@ use diesel_async::RunQueryDsl;
 use crate::connection::{with_conn, write_transaction};
 use crate::dialect::Dialect;
 use crate::liveness::StuckHolder;
+use crate::pinning::{GROUPS_SQL, GroupRow, Pin, ServiceGroup};
 use crate::rows::NewEventRow;
 use crate::schema::{batch_statuses, cluster_leases, instances, service_id_claims};
 use crate::{BatchStatus, Store, StoreError};
@@ -57,6 +63,9 @@ pub struct InstanceInfo {
     /// (`StoreOptions::application_name`), by which other instances tell that its process
     /// is gone. `None`: never judged gone (its claims move only by expiry).
     pub session_tag: Option<String>,
+    /// Labels for pinning (`pinning.rs`): services pinned to a label go only to instances
+    /// carrying it, services excluding one never to them.
+    pub labels: Vec<String>,
 }
 
 /// Whether an instance takes new work.
@@ -82,6 +91,7 @@ pub struct LiveInstance {
     pub instance_id: String,
     pub capacity: i32,
     pub state: InstanceState,
+    pub labels: Vec<String>,
 }
 
 /// The right to submit one service's batches, at one epoch (the fencing token).
@@ -111,17 +121,48 @@ pub struct ClusterView<'a> {
     pub claimable_services: i64,
     /// How many claims I hold after renewal.
     pub held: usize,
+    /// The services by pin group, with how many of each I hold (`pinning.rs`).
+    pub groups: &'a [ServiceGroup],
 }
 
-/// The caller's decision for this tick.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The caller's decision for this tick: what to acquire and release in each pin group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TickPlan {
-    /// Acquire at most this many takeable claims.
+    pub groups: Vec<GroupPlan>,
+}
+
+/// The decision for one pin group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupPlan {
+    pub pin: Pin,
+    /// Acquire at most this many takeable claims of the group.
     pub acquire: usize,
-    /// Release this many claims that have no batch mid-submission.
+    /// Release this many claims of the group that have no batch mid-submission.
     pub release: usize,
     /// Rotation of the order in which services are tried (see the `shard` column).
     pub order_offset: i64,
+}
+
+impl TickPlan {
+    /// Acquire up to `acquire` unpinned services, release nothing (for tests and tools).
+    pub fn unpinned(acquire: usize) -> Self {
+        TickPlan {
+            groups: vec![GroupPlan {
+                acquire,
+                ..GroupPlan::default()
+            }],
+        }
+    }
+
+    /// Claims to acquire over all groups.
+    pub fn acquire(&self) -> usize {
+        self.groups.iter().map(|group| group.acquire).sum()
+    }
+
+    /// Claims to release over all groups.
+    pub fn release(&self) -> usize {
+        self.groups.iter().map(|group| group.release).sum()
+    }
 }
 
 /// The outcome of one tick, from the database's point of view.
@@ -167,6 +208,14 @@ pub fn service_shard(service_id: &str) -> i64 {
     (hash % SHARD_RANGE as u64) as i64
 }
 
+/// The `instances.labels` column as a list.
+fn split_labels(text: &str) -> Vec<String> {
+    text.split(',')
+        .filter(|label| !label.is_empty())
+        .map(ToString::to_string)
+        .collect()
+}
+
 fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
@@ -209,8 +258,11 @@ UPDATE service_id_claims
                OR (c.fast_expiry_us <= $2 AND NOT EXISTS (
                       SELECT 1 FROM batch_statuses b
                        WHERE b.service_id = c.service_id AND b.status = 'SUBMITTING')))
-        ORDER BY (c.shard + $5) % 2147483648, c.service_id
-        LIMIT $6 {lock})
+          AND c.service_id IN (
+              SELECT s.service_id FROM services s
+               WHERE COALESCE(s.pin_label, '') = $5 AND COALESCE(s.exclude_label, '') = $6)
+        ORDER BY (c.shard + $7) % 2147483648, c.service_id
+        LIMIT $8 {lock})
 RETURNING service_id, epoch";
 
 const RENEW_SQL: &str = "\
@@ -221,6 +273,24 @@ UPDATE service_id_claims
         WHERE claimant = $4
         ORDER BY service_id {lock})
 RETURNING service_id, epoch";
+
+/// Releases up to `$4` of my idle claims in the pin group (`$2`, `$3`), e.g. because the
+/// group's share went down or I no longer qualify for it.
+const RELEASE_IDLE_IN_GROUP_SQL: &str = "\
+UPDATE service_id_claims
+   SET claimant = NULL, fast_expiry_us = 0, slow_expiry_us = 0
+ WHERE service_id IN (
+       SELECT c.service_id FROM service_id_claims c
+        WHERE c.claimant = $1
+          AND c.service_id IN (
+              SELECT s.service_id FROM services s
+               WHERE COALESCE(s.pin_label, '') = $2 AND COALESCE(s.exclude_label, '') = $3)
+          AND NOT EXISTS (
+              SELECT 1 FROM batch_statuses b
+               WHERE b.service_id = c.service_id AND b.status = 'SUBMITTING')
+        ORDER BY c.shard DESC, c.service_id
+        LIMIT $4 {lock})
+RETURNING service_id";
 
 const RELEASE_IDLE_SQL: &str = "\
 UPDATE service_id_claims
@@ -334,6 +404,7 @@ impl Store {
         let fast = micros(timing.fast_expiry);
         let slow = micros(timing.slow_expiry);
         let stale = micros(timing.instance_stale_after);
+        let labels = me.labels.join(",");
         write_transaction!(self, |conn| {
             let now_us: i64 = diesel::select(now).get_result(conn).await?;
             diesel::insert_into(instances::table)
@@ -347,6 +418,7 @@ impl Store {
                     instances::started_at_us.eq(now_us),
                     instances::heartbeat_at_us.eq(now_us),
                     instances::session_tag.eq(&me.session_tag),
+                    instances::labels.eq(&labels),
                 ))
                 .on_conflict(instances::instance_id)
                 .do_update()
@@ -354,6 +426,7 @@ impl Store {
                     instances::heartbeat_at_us.eq(now_us),
                     instances::state.eq(state.as_str()),
                     instances::capacity.eq(me.capacity),
+                    instances::labels.eq(&labels),
                 ))
                 .execute(conn)
                 .await?;
@@ -361,14 +434,19 @@ impl Store {
                 .filter(instances::heartbeat_at_us.gt(now_us - stale))
                 .filter(instances::state.eq(InstanceState::Running.as_str()))
                 .order(instances::instance_id)
-                .select((instances::instance_id, instances::capacity))
-                .load::<(String, i32)>(conn)
+                .select((
+                    instances::instance_id,
+                    instances::capacity,
+                    instances::labels,
+                ))
+                .load::<(String, i32, String)>(conn)
                 .await?
                 .into_iter()
-                .map(|(instance_id, capacity)| LiveInstance {
+                .map(|(instance_id, capacity, labels)| LiveInstance {
                     instance_id,
                     capacity,
                     state: InstanceState::Running,
+                    labels: split_labels(&labels),
                 })
                 .collect();
             // Renewal locks my rows in service_id order, the order fenced writes take their
@@ -384,35 +462,52 @@ impl Store {
                 .into_iter()
                 .map(HeldClaim::from)
                 .collect();
-            let claimable_services: i64 = service_id_claims::table.count().get_result(conn).await?;
+            // The services by pin group, with my share of each: one statement whatever the
+            // number of services.
+            let groups: Vec<ServiceGroup> = diesel::sql_query(GROUPS_SQL)
+                .bind::<Text, _>(&me.instance_id)
+                .load::<GroupRow>(conn)
+                .await?
+                .into_iter()
+                .map(ServiceGroup::from)
+                .collect();
+            let claimable_services = groups.iter().map(|group| group.services).sum();
 
             let view = ClusterView {
                 me: &me.instance_id,
                 live: &live,
                 claimable_services,
                 held: held.len(),
+                groups: &groups,
             };
             let mut plan = plan(&view);
             if state == InstanceState::Draining {
-                plan.acquire = 0;
+                for group in &mut plan.groups {
+                    group.acquire = 0;
+                }
             }
 
+            // One release and one acquisition statement per pin group that needs one: the
+            // count grows with the distinct pin settings, not with the services.
             let mut released = Vec::new();
-            if plan.release > 0 {
-                let sql = RELEASE_IDLE_SQL.replace("{lock}", conn.row_lock_clause());
-                released = diesel::sql_query(sql)
+            for group in plan.groups.iter().filter(|group| group.release > 0) {
+                let (pin_label, exclude_label) = group.pin.sql_key();
+                let sql = RELEASE_IDLE_IN_GROUP_SQL.replace("{lock}", conn.row_lock_clause());
+                let rows = diesel::sql_query(sql)
                     .bind::<Text, _>(&me.instance_id)
-                    .bind::<BigInt, _>(plan.release as i64)
+                    .bind::<Text, _>(pin_label)
+                    .bind::<Text, _>(exclude_label)
+                    .bind::<BigInt, _>(group.release as i64)
                     .load::<ServiceIdRow>(conn)
-                    .await?
-                    .into_iter()
-                    .map(|row| row.service_id)
-                    .collect();
+                    .await?;
+                released.extend(rows.into_iter().map(|row| row.service_id));
+            }
+            if !released.is_empty() {
                 held.retain(|claim| !released.contains(&claim.service_id));
             }
-            let mut acquired = Vec::new();
+            let mut acquired: Vec<HeldClaim> = Vec::new();
             let mut gone_holders = Vec::new();
-            if plan.acquire > 0 {
+            if plan.acquire() > 0 {
                 let stuck: Vec<StuckHolder> = diesel::sql_query(STUCK_HOLDERS_SQL)
                     .bind::<Text, _>(&me.instance_id)
                     .bind::<BigInt, _>(now_us)
@@ -430,18 +525,21 @@ impl Store {
                     }
                 }
                 let sql = ACQUIRE_SQL.replace("{lock}", conn.row_lock_clause());
-                acquired = diesel::sql_query(sql)
-                    .bind::<Text, _>(&me.instance_id)
-                    .bind::<BigInt, _>(now_us)
-                    .bind::<BigInt, _>(fast)
-                    .bind::<BigInt, _>(slow)
-                    .bind::<BigInt, _>(plan.order_offset.rem_euclid(SHARD_RANGE))
-                    .bind::<BigInt, _>(plan.acquire as i64)
-                    .load::<ClaimRow>(conn)
-                    .await?
-                    .into_iter()
-                    .map(HeldClaim::from)
-                    .collect();
+                for group in plan.groups.iter().filter(|group| group.acquire > 0) {
+                    let (pin_label, exclude_label) = group.pin.sql_key();
+                    let rows = diesel::sql_query(&sql)
+                        .bind::<Text, _>(&me.instance_id)
+                        .bind::<BigInt, _>(now_us)
+                        .bind::<BigInt, _>(fast)
+                        .bind::<BigInt, _>(slow)
+                        .bind::<Text, _>(pin_label)
+                        .bind::<Text, _>(exclude_label)
+                        .bind::<BigInt, _>(group.order_offset.rem_euclid(SHARD_RANGE))
+                        .bind::<BigInt, _>(group.acquire as i64)
+                        .load::<ClaimRow>(conn)
+                        .await?;
+                    acquired.extend(rows.into_iter().map(HeldClaim::from));
+                }
                 held.extend(acquired.iter().cloned());
             }
             // A takeover inherits whatever the previous holder left mid-submission: its POST
@@ -617,6 +715,7 @@ impl Store {
                     instances::state,
                     instances::started_at_us,
                     instances::heartbeat_at_us,
+                    instances::labels,
                     now,
                 ))
                 .load(conn)
@@ -636,5 +735,7 @@ pub struct InstanceRecord {
     pub state: String,
     pub started_at_us: i64,
     pub heartbeat_at_us: i64,
+    /// Comma-separated labels (empty: none).
+    pub labels: String,
     pub read_at_us: i64,
 }

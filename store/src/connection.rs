@@ -189,9 +189,23 @@ pub(crate) async fn open_pool(
             let session_sql = postgres_session_sql(options);
             let mut config = ManagerConfig::<PgConn>::default();
             // The default check-out test (`SELECT 1`) would add a round trip to every
-            // transaction; a broken connection surfaces on first use instead, and the
+            // transaction. This one costs none: it refuses a connection whose socket the
+            // server already closed (a primary that died or was demoted closes every
+            // session), so after a failover the pool opens fresh connections — to
+            // whichever host now accepts writes — instead of failing one request per stale
+            // connection. A connection that breaks silently surfaces on first use, and the
             // loops retry.
-            config.recycling_method = RecyclingMethod::Fast;
+            config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
+                let broken = diesel_async::pooled_connection::PoolableConnection::is_broken(conn);
+                async move {
+                    if broken {
+                        Err(diesel::result::Error::BrokenTransactionManager)
+                    } else {
+                        Ok(())
+                    }
+                }
+                .boxed()
+            }));
             let round_trips = round_trips.clone();
             config.custom_setup = Box::new(move |url| {
                 let session_sql = session_sql.clone();
@@ -206,9 +220,14 @@ pub(crate) async fn open_pool(
                 }
                 .boxed()
             });
-            let manager = AsyncDieselConnectionManager::new_with_config(url.clone(), config);
+            let url = with_default_connect_timeout(url, options.connect_timeout);
+            let manager = AsyncDieselConnectionManager::new_with_config(url, config);
             let pool = Bb8Pool::builder()
                 .max_size(options.pool_size)
+                // A failed connect is retried in the background with capped backoff
+                // (200 ms, doubling, at most half of `connect_timeout`) while callers wait
+                // up to `connect_timeout`: during a failover the first connection to the
+                // new primary goes to whoever waits. (`/readyz` bounds its own wait.)
                 .connection_timeout(options.connect_timeout)
                 .build(manager)
                 .await
@@ -216,17 +235,17 @@ pub(crate) async fn open_pool(
             Ok(Pool::Postgres(pool))
         }
         DatabaseUrl::Sqlite(path) => {
-            let session_sql = sqlite_session_sql(options);
+            let setup = std::sync::Arc::new(SqliteSetup::new(options.sqlite_busy_timeout));
             let mut config = ManagerConfig::<SqliteConn>::default();
             config.recycling_method = RecyclingMethod::Fast;
             let round_trips = round_trips.clone();
             config.custom_setup = Box::new(move |path| {
-                let session_sql = session_sql.clone();
+                let setup = setup.clone();
                 let round_trips = round_trips.clone();
                 async move {
                     let mut conn = SqliteConn::establish(path).await?;
                     conn.set_instrumentation(round_trips.instrumentation());
-                    conn.batch_execute(&session_sql).await.map_err(|error| {
+                    setup.apply(&mut conn).await.map_err(|error| {
                         diesel::ConnectionError::BadConnection(error.to_string())
                     })?;
                     Ok(conn)
@@ -249,6 +268,20 @@ pub(crate) async fn open_pool(
     }
 }
 
+/// The URL with `connect_timeout` added unless it names one. tokio-postgres applies it to
+/// each host of a multi-host URL, so a primary that vanished without closing its port (a
+/// dead machine, a partition) costs that long before the next host is tried, rather than
+/// the operating system's TCP timeout of minutes.
+fn with_default_connect_timeout(url: &str, timeout: Duration) -> String {
+    if url.contains("connect_timeout=") {
+        return url.to_string();
+    }
+    // In whole seconds (the driver's unit), at least one: 0 would mean "no timeout".
+    let seconds = timeout.as_secs().max(1);
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}connect_timeout={seconds}")
+}
+
 fn postgres_session_sql(options: &StoreOptions) -> String {
     let mut sql = format!(
         "SET statement_timeout = {}; SET lock_timeout = {}; \
@@ -267,15 +300,111 @@ fn postgres_session_sql(options: &StoreOptions) -> String {
     sql
 }
 
-fn sqlite_session_sql(options: &StoreOptions) -> String {
-    // busy_timeout first: a new connection's timeout is 0, and switching to WAL can itself
-    // meet another process's lock. WAL lets readers proceed while one process writes;
-    // synchronous=NORMAL is durable across process crashes in WAL mode.
-    format!(
-        "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-         PRAGMA foreign_keys = ON;",
-        options.sqlite_busy_timeout.as_millis(),
+/// The settings every SQLite connection gets before use: busy timeout, WAL, the rest.
+pub(crate) struct SqliteSetup {
+    busy_timeout: Duration,
+}
+
+impl SqliteSetup {
+    pub(crate) fn new(busy_timeout: Duration) -> Self {
+        Self { busy_timeout }
+    }
+
+    /// First: a new connection's busy timeout is 0, so anything before it fails at once on
+    /// another process's lock.
+    pub(crate) fn busy_timeout_sql(&self) -> String {
+        format!("PRAGMA busy_timeout = {};", self.busy_timeout.as_millis())
+    }
+
+    /// Second, retried (see [`Self::should_retry_wal`]). WAL lets readers proceed while one
+    /// process writes.
+    pub(crate) const WAL_SQL: &'static str = "PRAGMA journal_mode = WAL;";
+
+    /// Third: synchronous=NORMAL is durable across process crashes in WAL mode.
+    pub(crate) const REST_SQL: &'static str =
+        "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;";
+
+    /// Switching a file to WAL takes an exclusive lock, and SQLite answers "database is
+    /// locked" at once, without waiting out the busy timeout, when another connection
+    /// is switching the same fresh file or holds a lock the switch must wait for (its
+    /// deadlock avoidance). Processes that start together on a new file meet exactly
+    /// that, so the switch is retried until the busy timeout has passed.
+    pub(crate) fn should_retry_wal(
+        &self,
+        error: &diesel::result::Error,
+        started: std::time::Instant,
+    ) -> bool {
+        let locked = matches!(
+            error,
+            diesel::result::Error::DatabaseError(_, info) if info.message().contains("locked")
+        );
+        locked && started.elapsed() < self.busy_timeout
+    }
+
+    /// How long to wait between two attempts to switch to WAL.
+    pub(crate) const WAL_RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+    /// Applies the settings to a pooled connection.
+    async fn apply(&self, conn: &mut SqliteConn) -> diesel::QueryResult<()> {
+        conn.batch_execute(&self.busy_timeout_sql()).await?;
+        let started = std::time::Instant::now();
+        loop {
+            match conn.batch_execute(Self::WAL_SQL).await {
+                Err(error) if self.should_retry_wal(&error, started) => {
+                    tokio::time::sleep(Self::WAL_RETRY_PAUSE).await;
+                }
+                result => break result?,
+            }
+        }
+        conn.batch_execute(Self::REST_SQL).await
+    }
+
+    /// Applies the settings to the migration's own synchronous connection.
+    pub(crate) fn apply_blocking(&self, conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
+        use diesel::connection::SimpleConnection;
+        conn.batch_execute(&self.busy_timeout_sql())?;
+        let started = std::time::Instant::now();
+        loop {
+            match conn.batch_execute(Self::WAL_SQL) {
+                Err(error) if self.should_retry_wal(&error, started) => {
+                    std::thread::sleep(Self::WAL_RETRY_PAUSE);
+                }
+                result => break result?,
+            }
+        }
+        conn.batch_execute(Self::REST_SQL)
+    }
+}
+
+/// Whether `error` says the server accepts no writes: a standby, or a primary being
+/// demoted (SQLSTATE 25006, `read_only_sql_transaction`).
+pub fn is_read_only_error<T>(result: &Result<T, StoreError>) -> bool {
+    matches!(
+        result,
+        Err(StoreError::ReadOnly
+            | StoreError::Query(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::ReadOnlyTransaction,
+                _
+            )))
     )
+}
+
+/// Called with every result of a PostgreSQL connection before it goes back to the pool.
+/// A session on a server that turned read-only stays open, so the pool would keep handing
+/// it out after a failover; ending it from the server side makes the pool drop it, and
+/// the next connection is opened — `target_session_attrs=read-write` — on the new primary.
+pub(crate) async fn after_postgres_error<T>(conn: &mut PgConn, result: &Result<T, StoreError>) {
+    if is_read_only_error(result) {
+        tracing::warn!(
+            "the database server is read-only (a standby, or a primary being demoted); \
+             dropping the connection so the next one finds the primary"
+        );
+        // The statement fails (the server ends the session while answering it); the
+        // connection is closed either way, which is what is wanted.
+        let _ = conn
+            .batch_execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            .await;
+    }
 }
 
 /// Runs `$body` with `$conn` bound to a pooled connection of whichever backend the store
@@ -286,8 +415,12 @@ macro_rules! with_conn {
         match &$store.pool {
             $crate::connection::Pool::Postgres(pool) => {
                 let mut pooled = pool.get().await.map_err($crate::StoreError::from_pool)?;
-                let $conn: &mut $crate::connection::PgConn = &mut pooled;
-                $body
+                let result = {
+                    let $conn: &mut $crate::connection::PgConn = &mut pooled;
+                    $body
+                };
+                $crate::connection::after_postgres_error(&mut pooled, &result).await;
+                result
             }
             $crate::connection::Pool::Sqlite(pool) => {
                 let mut pooled = pool.get().await.map_err($crate::StoreError::from_pool)?;
@@ -312,6 +445,7 @@ macro_rules! write_transaction {
                         async |$conn: &mut $crate::connection::PgConn| $body,
                     )
                     .await;
+                $crate::connection::after_postgres_error(&mut pooled, &result).await;
                 result
             }
             $crate::connection::Pool::Sqlite(pool) => {
@@ -330,3 +464,26 @@ macro_rules! write_transaction {
 }
 
 pub(crate) use {with_conn, write_transaction};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_timeout_is_added_unless_given() {
+        let timeout = Duration::from_millis(2_500);
+        assert_eq!(
+            with_default_connect_timeout("postgres://u@h1:5432,h2:5433/db", timeout),
+            "postgres://u@h1:5432,h2:5433/db?connect_timeout=2"
+        );
+        assert_eq!(
+            with_default_connect_timeout(
+                "postgres://u@h1,h2/db?target_session_attrs=read-write",
+                Duration::from_millis(300)
+            ),
+            "postgres://u@h1,h2/db?target_session_attrs=read-write&connect_timeout=1"
+        );
+        let given = "postgres://u@h/db?connect_timeout=9";
+        assert_eq!(with_default_connect_timeout(given, timeout), given);
+    }
+}

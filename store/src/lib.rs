@@ -3,12 +3,14 @@
 mod claims;
 mod clock;
 mod connection;
+mod console;
 mod dialect;
 mod enqueue;
 mod gauges;
 mod liveness;
 mod migrate;
 mod operator;
+mod pinning;
 mod retention;
 mod rows;
 mod schema;
@@ -21,17 +23,21 @@ mod transitions;
 use diesel_async::RunQueryDsl;
 
 pub use claims::{
-    ClaimRecord, ClaimTiming, ClusterView, HeldClaim, InstanceInfo, InstanceRecord, InstanceState,
-    LEADER_LEASE, LiveInstance, SHARD_RANGE, TickOutcome, TickPlan, service_shard,
+    ClaimRecord, ClaimTiming, ClusterView, GroupPlan, HeldClaim, InstanceInfo, InstanceRecord,
+    InstanceState, LEADER_LEASE, LiveInstance, SHARD_RANGE, TickOutcome, TickPlan, service_shard,
 };
 pub use clock::DbNowMicros;
-pub use connection::{ClockOffset, DatabaseUrl, RoundTrips, StoreOptions};
+pub use connection::{ClockOffset, DatabaseUrl, RoundTrips, StoreOptions, is_read_only_error};
+pub use console::{
+    BatchPage, CommitBucket, MAX_PAGE, ServiceFilter, ServicePage, ServiceRow, ServiceSubset,
+};
 pub use enqueue::{EnqueuedBatch, NewBatch, is_batch_id};
 pub use gauges::{BacklogGauges, StatusGauge};
 pub use migrate::{MigrationReport, known_migrations, run_migrations};
 pub use operator::{
     BatchEvent, BatchMove, BatchMoveKind, BatchRecord, MAX_IN_FLIGHT_LIMIT, ServiceRecord,
 };
+pub use pinning::{MAX_LABEL_LEN, Pin, ServiceGroup, is_label, parse_labels};
 pub use status::BatchStatus;
 pub use submission::{FencedOutcome, SubmittableBatch};
 pub use transitions::{BatchState, PollableBatch, Transition, UnknownSince};
@@ -74,6 +80,10 @@ pub enum StoreError {
         unfinished: i64,
         limit: u64,
     },
+    /// The server answers but accepts no writes: a standby, or a primary being demoted.
+    /// The connection that saw it is dropped; the next one looks for the primary.
+    #[error("the database server is read-only (a standby, not the primary)")]
+    ReadOnly,
     /// A fault injected at a chaos event point (only in builds with the `chaos` feature).
     #[error("{0}")]
     Injected(String),

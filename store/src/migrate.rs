@@ -33,8 +33,8 @@ pub async fn run_migrations(options: &StoreOptions) -> Result<MigrationReport, S
         DatabaseUrl::Postgres(url) => migrate_postgres(url, options).await,
         DatabaseUrl::Sqlite(path) => {
             let path = path.clone();
-            let busy_ms = options.sqlite_busy_timeout.as_millis();
-            tokio::task::spawn_blocking(move || migrate_sqlite(&path, busy_ms))
+            let busy_timeout = options.sqlite_busy_timeout;
+            tokio::task::spawn_blocking(move || migrate_sqlite(&path, busy_timeout))
                 .await
                 .map_err(|error| StoreError::Migration(format!("migration task failed: {error}")))?
         }
@@ -91,15 +91,16 @@ async fn migrate_postgres(
     })
 }
 
-fn migrate_sqlite(path: &std::path::Path, busy_ms: u128) -> Result<MigrationReport, StoreError> {
+fn migrate_sqlite(
+    path: &std::path::Path,
+    busy_timeout: std::time::Duration,
+) -> Result<MigrationReport, StoreError> {
     let path_text = path
         .to_str()
         .ok_or_else(|| StoreError::Migration("the SQLite path is not valid UTF-8".into()))?;
     let mut conn = SqliteConnection::establish(path_text)
         .map_err(|error| StoreError::Connect(error.to_string()))?;
-    conn.batch_execute(&format!(
-        "PRAGMA busy_timeout = {busy_ms}; PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON;"
-    ))?;
+    crate::connection::SqliteSetup::new(busy_timeout).apply_blocking(&mut conn)?;
     let known = MigrationSource::<diesel::sqlite::Sqlite>::migrations(&SQLITE_MIGRATIONS)
         .map_err(|error| StoreError::Migration(error.to_string()))?
         .len();
@@ -137,6 +138,36 @@ impl crate::Store {
             .filter(|version| !applied.contains(version))
             .count())
     }
+}
+
+impl crate::Store {
+    /// Ok when the database accepts writes: always on SQLite; on PostgreSQL when this
+    /// session is on the primary. [`StoreError::ReadOnly`] on a standby (the session is
+    /// then dropped, so the next one looks for the primary). For `/readyz`.
+    pub async fn check_writable(&self) -> Result<(), StoreError> {
+        use diesel_async::RunQueryDsl;
+        match self.url() {
+            DatabaseUrl::Sqlite(_) => Ok(()),
+            DatabaseUrl::Postgres(_) => crate::connection::with_conn!(self, |conn| {
+                let row: ReadOnlySetting = diesel::sql_query(
+                    "SELECT current_setting('transaction_read_only') AS transaction_read_only",
+                )
+                .get_result(conn)
+                .await?;
+                if row.transaction_read_only == "on" {
+                    Err(StoreError::ReadOnly)
+                } else {
+                    Ok(())
+                }
+            }),
+        }
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct ReadOnlySetting {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    transaction_read_only: String,
 }
 
 #[derive(diesel::QueryableByName)]

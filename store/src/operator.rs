@@ -406,7 +406,7 @@ type HistoryRow = (
 );
 
 /// The columns of [`BatchRecord`], in its field order.
-const BATCH_RECORD_COLUMNS: (
+pub(crate) const BATCH_RECORD_COLUMNS: (
     batches::seq,
     batches::service_id,
     batches::batch_id,

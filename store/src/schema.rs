@@ -12,6 +12,7 @@ diesel::table! {
         started_at_us -> BigInt,
         heartbeat_at_us -> BigInt,
         session_tag -> Nullable<Text>,
+        labels -> Text,
     }
 }
 
@@ -21,6 +22,8 @@ diesel::table! {
         max_in_flight -> Integer,
         paused -> Bool,
         created_at_us -> BigInt,
+        pin_label -> Nullable<Text>,
+        exclude_label -> Nullable<Text>,
     }
 }
 

@@ -32,11 +32,11 @@ async fn take_all(store: &Store, name: &str) -> Vec<HeldClaim> {
         version: "test".into(),
         capacity: 1,
         session_tag: None,
+        labels: Vec::new(),
     };
     store
-        .claim_tick(&me, InstanceState::Running, TIMING, |_| TickPlan {
-            acquire: usize::MAX >> 1,
-            ..TickPlan::default()
+        .claim_tick(&me, InstanceState::Running, TIMING, |_| {
+            TickPlan::unpinned(usize::MAX >> 1)
         })
         .await
         .unwrap()

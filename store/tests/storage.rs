@@ -262,7 +262,15 @@ async fn schema_rejects_truncated_batch_ids(backend: TestBackend) {
     assert_eq!(inserted, 1, "the full 128-character id is stored");
 }
 
+/// A primary (and SQLite, which has no standby) is writable: `/readyz` may say ready.
+async fn a_primary_is_writable(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    store.check_writable().await.expect("writable");
+}
+
 backend_tests!(
+    a_primary_is_writable,
     migrations_apply_once,
     concurrent_migrations_do_not_race,
     enqueue_writes_batch_status_service_claim_and_event,
@@ -301,6 +309,76 @@ mod postgres_only {
                 .await;
             assert_eq!(value, expected, "{name}");
         }
+    }
+}
+
+mod postgres_read_only {
+    use super::*;
+
+    /// Sessions on a server that accepts no writes (here: sessions opened read-only, as on
+    /// a standby after a failover) are reported as such and dropped from the pool, so the
+    /// next connection looks for the primary again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_only_sessions_are_reported_and_dropped() {
+        let database = TestDatabase::migrated(TestBackend::Postgres).await;
+        let observer = database.store().await;
+        let dltsub_store::DatabaseUrl::Postgres(url) = &database.options.url else {
+            unreachable!()
+        };
+        let mut options = database.options.clone();
+        // The test database's URL selects its schema with `options=-csearch_path…`; add
+        // a read-only default to the same parameter.
+        options.url = format!("{url}%20-cdefault_transaction_read_only%3Don")
+            .parse()
+            .unwrap();
+        let tag = format!("dltsub-ro-{}", unique_suffix());
+        options.application_name = Some(tag.clone());
+        let read_only = dltsub_store::Store::connect(&options).await.unwrap();
+        let sessions =
+            format!("(SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = '{tag}')");
+
+        let error = read_only.check_writable().await.unwrap_err();
+        assert!(matches!(error, StoreError::ReadOnly), "{error}");
+        wait_for_no_sessions(&observer, &sessions).await;
+
+        let result = read_only.enqueue("svc", &[new_batch(1, b"x")]).await;
+        assert!(
+            dltsub_store::is_read_only_error(&result),
+            "an insert on a read-only session: {:?}",
+            result.err()
+        );
+        wait_for_no_sessions(&observer, &sessions).await;
+        assert_eq!(observer.count_rows_for_tests("batches").await, 0);
+
+        // Against the same database with default sessions, writes work.
+        observer.check_writable().await.unwrap();
+        observer
+            .enqueue("svc", &[new_batch(1, b"x")])
+            .await
+            .unwrap();
+    }
+
+    async fn wait_for_no_sessions(observer: &dltsub_store::Store, count_sql: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let open = observer.scalar_i64_for_tests(count_sql).await;
+            if open == 0 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{open} read-only sessions still open 5 s after a read-only error"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn unique_suffix() -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        format!("{}-{nanos}", std::process::id())
     }
 }
 

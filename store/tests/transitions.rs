@@ -22,15 +22,15 @@ fn me(name: &str) -> InstanceInfo {
         version: "test".into(),
         capacity: 1,
         session_tag: None,
+        labels: Vec::new(),
     }
 }
 
 /// Acquires every service for `name` and returns its claims.
 async fn take_all(store: &Store, name: &str) -> Vec<HeldClaim> {
     let outcome = store
-        .claim_tick(&me(name), InstanceState::Running, TIMING, |_| TickPlan {
-            acquire: usize::MAX >> 1,
-            ..TickPlan::default()
+        .claim_tick(&me(name), InstanceState::Running, TIMING, |_| {
+            TickPlan::unpinned(usize::MAX >> 1)
         })
         .await
         .unwrap();

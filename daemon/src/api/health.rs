@@ -1,7 +1,8 @@
-//! `/healthz` (the process answers) and `/readyz` (it can do its job: database reachable,
-//! schema current, not draining) for the load balancer.
+//! `/healthz` (the process answers) and `/readyz` (it can do its job: a writable primary
+//! reachable, schema current, not draining) for the load balancer.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
@@ -18,11 +19,42 @@ pub fn routes() -> Router<ApiState> {
         .route("/readyz", get(readyz))
 }
 
+/// How long `/readyz` waits for the database. While no host takes writes (a failover) the
+/// pool keeps a caller waiting for its whole connect timeout; a load balancer's check must
+/// get its 503 sooner than that.
+const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn readyz(State(state): State<ApiState>) -> (StatusCode, Json<Value>) {
     if state.draining.load(Ordering::SeqCst) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "draining"})),
+        );
+    }
+    match tokio::time::timeout(READINESS_TIMEOUT, database_readiness(&state)).await {
+        Ok(answer) => answer,
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({
+                "status": "database unreachable",
+                "error": format!("no writable database answered within {READINESS_TIMEOUT:?}"),
+            })),
+        ),
+    }
+}
+
+async fn database_readiness(state: &ApiState) -> (StatusCode, Json<Value>) {
+    // Reachable is not enough: after a failover a session may still sit on the old
+    // primary, now a standby. Not ready until a session on a writable primary answers.
+    if let Err(error) = state.store.check_writable().await {
+        let status = if matches!(error, dltsub_store::StoreError::ReadOnly) {
+            "database read-only"
+        } else {
+            "database unreachable"
+        };
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": status, "error": error.to_string()})),
         );
     }
     match state.store.pending_migrations().await {

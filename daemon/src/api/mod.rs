@@ -34,6 +34,8 @@ pub struct ApiState {
     pub api_token: Option<String>,
     /// Largest request body accepted (a BatchList): a bound on memory per request.
     pub max_body_bytes: usize,
+    /// What the operator console shows of the configuration (`crate::console`).
+    pub console: crate::console::ConsoleSettings,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -42,6 +44,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(sawtooth::routes())
         .merge(health::routes())
         .merge(v1::routes(state.clone()))
+        .merge(crate::console::routes(state.clone()))
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
 }

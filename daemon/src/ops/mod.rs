@@ -1,5 +1,5 @@
 //! The operator commands: `dltsub submit | status | services | claims | instances | cancel |
-//! requeue | pause | resume | max-in-flight` talk to a running instance over its native
+//! requeue | pause | resume | max-in-flight | pin` talk to a running instance over its native
 //! API (docs/api-v1.md) and print tables, or the server's JSON with `--json`.
 //!
 //! Exit codes: 0 done; 1 the server could not be reached, timed out or failed (5xx);
@@ -120,6 +120,19 @@ pub enum OpsCommand {
     MaxInFlight {
         service: String,
         max_in_flight: i64,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Pin a service to instances with a label, or keep it from those with one; without
+    /// options, any instance may hold it again.
+    Pin {
+        service: String,
+        /// Only instances carrying this label may hold the service.
+        #[arg(long)]
+        label: Option<String>,
+        /// No instance carrying this label may hold the service.
+        #[arg(long)]
+        exclude: Option<String>,
         #[command(flatten)]
         connection: Connection,
     },
@@ -417,6 +430,16 @@ async fn execute(command: OpsCommand) -> Result<u8, Failure> {
         } => {
             let body = serde_json::json!({ "max_in_flight": max_in_flight }).to_string();
             service_move("max_in_flight", &service, Some(body), connection).await
+        }
+        OpsCommand::Pin {
+            service,
+            label,
+            exclude,
+            connection,
+        } => {
+            let body =
+                serde_json::json!({ "pin_label": label, "exclude_label": exclude }).to_string();
+            service_move("pin", &service, Some(body), connection).await
         }
     }
 }

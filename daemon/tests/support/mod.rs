@@ -43,6 +43,7 @@ pub async fn api(backend: TestBackend) -> Api {
         max_queued_per_service: Some(QUEUE_CAP),
         api_token: Some(TOKEN.into()),
         max_body_bytes: MAX_BODY,
+        console: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -6,6 +6,7 @@
 
 mod batches;
 mod cluster;
+mod pinning;
 mod services;
 
 use std::time::{Duration, UNIX_EPOCH};
@@ -28,6 +29,7 @@ pub fn routes(state: ApiState) -> Router<ApiState> {
         .merge(services::guarded_routes())
         .merge(batches::guarded_routes())
         .merge(cluster::routes())
+        .merge(pinning::guarded_routes())
         .route_layer(middleware::from_fn_with_state(state, require_token));
     let open = Router::new()
         .merge(services::open_routes())
@@ -118,7 +120,7 @@ impl IntoResponse for ApiError {
 
 /// Refuses the request with 401 unless it carries `Authorization: Bearer <api_token>`
 /// (when a token is configured).
-async fn require_token(
+pub(crate) async fn require_token(
     State(state): State<ApiState>,
     request: Request,
     next: Next,
