@@ -5,18 +5,31 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Json;
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
 use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::ApiState;
+use super::openapi::{HealthStatus, TAG_OPERATIONS};
 
-pub fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(readyz))
+pub fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+}
+
+/// 200 while the process runs.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = TAG_OPERATIONS,
+    responses((status = 200, description = "The process answers: `{\"status\": \"ok\"}`.", body = HealthStatus)),
+)]
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
 }
 
 /// How long `/readyz` waits for the database. While no host takes writes (a failover) the
@@ -24,6 +37,18 @@ pub fn routes() -> Router<ApiState> {
 /// get its 503 sooner than that.
 const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// 200 when a writable database answers and the schema is current; 503 otherwise and
+/// while draining.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = TAG_OPERATIONS,
+    responses(
+        (status = 200, description = "Ready: `{\"status\": \"ready\"}`.", body = HealthStatus),
+        (status = 503, description = "Draining, the database unreachable or read-only, or migrations pending.", body = HealthStatus),
+    ),
+)]
 async fn readyz(State(state): State<ApiState>) -> (StatusCode, Json<Value>) {
     if state.draining.load(Ordering::SeqCst) {
         return (

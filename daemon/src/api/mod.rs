@@ -3,6 +3,7 @@
 //! and readiness for the load balancer.
 
 mod health;
+pub mod openapi;
 mod sawtooth;
 mod scabbard;
 pub mod v1;
@@ -12,11 +13,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
-use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::{Extension, Router};
 use dltsub_store::Store;
 use dltsub_submitter::Wakeup;
 use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// What every handler may use.
 #[derive(Clone)]
@@ -38,15 +42,29 @@ pub struct ApiState {
     pub console: crate::console::ConsoleSettings,
 }
 
+/// The API's router. Every route but the console's is registered with its OpenAPI
+/// operation (`openapi.rs`), so the document served at `/api/v1/openapi.json` lists exactly
+/// the routes served.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
+    let (api, document) = documented_routes(state.clone()).split_for_parts();
+    let document = openapi::OpenApiJson(Arc::new(
+        openapi::finish(document)
+            .to_json()
+            .expect("the OpenAPI document serialises"),
+    ));
+    api.merge(crate::console::routes(state.clone()))
+        .layer(Extension(document))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .with_state(state)
+}
+
+fn documented_routes(state: ApiState) -> OpenApiRouter<ApiState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(scabbard::routes())
         .merge(sawtooth::routes())
         .merge(health::routes())
-        .merge(v1::routes(state.clone()))
-        .merge(crate::console::routes(state.clone()))
-        .layer(DefaultBodyLimit::max(state.max_body_bytes))
-        .with_state(state)
+        .merge(v1::routes(state))
+        .routes(routes!(openapi::openapi_json))
 }
 
 /// Serves the API on `listen` until `shutdown`.

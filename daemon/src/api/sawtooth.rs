@@ -6,26 +6,30 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use dltsub_store::{BatchState, StoreError};
 use dltsub_wire::sawtooth::{
     BatchStatuses, DEFAULT_WAIT_SECS, ErrorKind, InvalidTransaction, SawtoothBatchStatus, to_json,
 };
 use dltsub_wire::{BatchListError, BatchStatus, OCTET_STREAM, decode_batch_list};
 use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+use super::openapi::{
+    BatchListBody, Link, SawtoothBatchStatuses, SawtoothErrorBody, SawtoothIds, TAG_SAWTOOTH,
+};
 use super::{ApiState, one_list_per_batch, states_after_wait};
 
-pub fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/batches", post(submit))
-        .route("/batch_statuses", get(statuses_get).post(statuses_post))
+pub fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(submit))
+        .routes(routes!(statuses_get, statuses_post))
 }
 
 fn json_response(status: StatusCode, body: String) -> Response {
@@ -53,6 +57,16 @@ fn body_refused(rejection: BytesRejection) -> Response {
     )
 }
 
+/// A query string that does not parse (a parameter given twice, say), in Sawtooth's
+/// envelope rather than axum's plain text.
+fn query_refused(rejection: QueryRejection) -> Response {
+    own_error(
+        StatusCode::BAD_REQUEST,
+        "Invalid Query",
+        &rejection.body_text(),
+    )
+}
+
 fn link(headers: &HeaderMap, ids: &[&str]) -> String {
     let host = headers
         .get(header::HOST)
@@ -61,17 +75,41 @@ fn link(headers: &HeaderMap, ids: &[&str]) -> String {
     format!("http://{host}/batch_statuses?id={}", ids.join(","))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct SubmitQuery {
+    /// The service of the batches (default: the configured `sawtooth_service_id`).
     service_id: Option<String>,
 }
 
+/// Accepts a BatchList durably, as the Sawtooth REST API would.
+#[utoipa::path(
+    post,
+    path = "/batches",
+    operation_id = "sawtooth_submit_batches",
+    tag = TAG_SAWTOOTH,
+    params(SubmitQuery),
+    request_body(content = BatchListBody, content_type = "application/octet-stream",
+                 description = "A protobuf BatchList of at least one batch; the Content-Type must be exactly application/octet-stream."),
+    responses(
+        (status = 202, description = "Accepted; the link (absolute) reads the batches' statuses.", body = Link),
+        (status = 400, description = "Sawtooth's code 30 (invalid batches), 34 (no batches), 35 (not a BatchList), 42 (wrong Content-Type), or dltsub's 400 (a malformed service id).", body = SawtoothErrorBody),
+        (status = 409, description = "A batch id was accepted before with other bytes; nothing was stored.", body = SawtoothErrorBody),
+        (status = 413, description = "The body is larger than max_body_size.", body = SawtoothErrorBody),
+        (status = 429, description = "Sawtooth's code 31: the service's queue is full.", body = SawtoothErrorBody),
+        (status = 503, description = "Sawtooth's code 15: the database is unavailable.", body = SawtoothErrorBody),
+    ),
+)]
 async fn submit(
     State(state): State<ApiState>,
-    Query(query): Query<SubmitQuery>,
+    query: Result<Query<SubmitQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => return query_refused(rejection),
+    };
     let body = match body {
         Ok(body) => body,
         Err(rejection) => return body_refused(rejection),
@@ -121,9 +159,17 @@ async fn submit(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct StatusQuery {
+    /// The batch ids, comma-separated, lower case (GET only; a POST names them in its body).
+    #[param(
+        pattern = "^,*[0-9a-f]{128}(,+[0-9a-f]{128})*,*$",
+        example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"
+    )]
     id: Option<String>,
+    /// Seconds to wait for every batch to be final (at most 300); `false` or absent: no
+    /// wait; anything else: 285.
     wait: Option<String>,
 }
 
@@ -136,11 +182,28 @@ fn wait_of(query: &StatusQuery) -> Duration {
     }
 }
 
+/// The statuses of the batches `id` names, in Sawtooth's JSON; unknown ids read UNKNOWN.
+#[utoipa::path(
+    get,
+    path = "/batch_statuses",
+    operation_id = "sawtooth_batch_statuses_get",
+    tag = TAG_SAWTOOTH,
+    params(StatusQuery),
+    responses(
+        (status = 200, description = "One entry per id asked, in order, and the link of the query.", body = SawtoothBatchStatuses),
+        (status = 400, description = "Sawtooth's code 66 (no ids) or 60 (a malformed id).", body = SawtoothErrorBody),
+        (status = 503, description = "Sawtooth's code 15: the database is unavailable.", body = SawtoothErrorBody),
+    ),
+)]
 async fn statuses_get(
     State(state): State<ApiState>,
-    Query(query): Query<StatusQuery>,
+    query: Result<Query<StatusQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Response {
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => return query_refused(rejection),
+    };
     let ids: Vec<String> = query
         .id
         .as_deref()
@@ -155,12 +218,32 @@ async fn statuses_get(
     answer(&state, &ids, wait_of(&query), Some(&headers)).await
 }
 
+/// The statuses of the batches the JSON array in the body names.
+#[utoipa::path(
+    post,
+    path = "/batch_statuses",
+    operation_id = "sawtooth_batch_statuses_post",
+    tag = TAG_SAWTOOTH,
+    params(StatusQuery),
+    request_body(content = SawtoothIds, content_type = "application/json",
+                 description = "The batch ids, at least one."),
+    responses(
+        (status = 200, description = "One entry per id asked, in order, without a link.", body = SawtoothBatchStatuses),
+        (status = 400, description = "Sawtooth's code 43 (wrong Content-Type), 46 (not a non-empty JSON array of ids) or 60 (a malformed id).", body = SawtoothErrorBody),
+        (status = 413, description = "The body is larger than max_body_size.", body = SawtoothErrorBody),
+        (status = 503, description = "Sawtooth's code 15: the database is unavailable.", body = SawtoothErrorBody),
+    ),
+)]
 async fn statuses_post(
     State(state): State<ApiState>,
-    Query(query): Query<StatusQuery>,
+    query: Result<Query<StatusQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => return query_refused(rejection),
+    };
     let body = match body {
         Ok(body) => body,
         Err(rejection) => return body_refused(rejection),

@@ -7,13 +7,11 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use dltsub_store::{BatchState, StoreError};
 use dltsub_wire::scabbard::{
     MSG_INVALID_QUERY, MSG_NO_IDS, MSG_NO_VALID_BATCHES, MSG_NOT_A_BATCH_LIST, ScabbardBatchInfo,
@@ -22,16 +20,17 @@ use dltsub_wire::scabbard::{
 };
 use dltsub_wire::{BatchListError, decode_batch_list};
 use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+use super::openapi::{BatchListBody, Link, ScabbardErrorBody, TAG_SCABBARD};
 use super::{ApiState, one_list_per_batch, states_after_wait};
 
-pub fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/scabbard/{circuit}/{service}/batches", post(submit))
-        .route(
-            "/scabbard/{circuit}/{service}/batch_statuses",
-            get(statuses),
-        )
+pub fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(submit))
+        .routes(routes!(statuses))
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
@@ -42,11 +41,36 @@ fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// Accepts a BatchList durably for the service `circuit::service`, as scabbard would.
+#[utoipa::path(
+    post,
+    path = "/scabbard/{circuit}/{service}/batches",
+    operation_id = "scabbard_submit_batches",
+    tag = TAG_SCABBARD,
+    params(
+        ("circuit" = String, Path, description = "The circuit.", example = "schemathesis"),
+        ("service" = String, Path, description = "The scabbard service.", example = "svc"),
+    ),
+    request_body(content = BatchListBody, content_type = "application/octet-stream",
+                 description = "A protobuf BatchList of at least one batch."),
+    responses(
+        (status = 202, description = "Accepted; the link reads the batches' statuses.", body = Link),
+        (status = 400, description = "Not a BatchList, no batches, a malformed batch or service id.", body = ScabbardErrorBody),
+        (status = 409, description = "A batch id was accepted before with other bytes; nothing was stored.", body = ScabbardErrorBody),
+        (status = 413, description = "The body is larger than max_body_size.", body = ScabbardErrorBody),
+        (status = 429, description = "The service's queue is full: scabbard's back-pressure, with an empty body."),
+        (status = 503, description = "The database is unavailable.", body = ScabbardErrorBody),
+    ),
+)]
 async fn submit(
     State(state): State<ApiState>,
-    Path((circuit, service)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let (circuit, service) = match path {
+        Ok(Path(path)) => path,
+        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    };
     let body = match body {
         Ok(body) => body,
         Err(rejection) => return error(rejection.status(), &rejection.body_text()),
@@ -95,17 +119,51 @@ async fn submit(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct StatusQuery {
+    /// The batch ids, comma-separated.
+    #[param(
+        required = true,
+        pattern = "[^,]",
+        example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"
+    )]
     ids: Option<String>,
+    /// Seconds to wait for every batch to be final (at most 300); `false`: no wait.
     wait: Option<String>,
 }
 
+/// The statuses of the batches `ids` names, in scabbard's JSON; unknown ids read Unknown.
+#[utoipa::path(
+    get,
+    path = "/scabbard/{circuit}/{service}/batch_statuses",
+    operation_id = "scabbard_batch_statuses",
+    tag = TAG_SCABBARD,
+    params(
+        ("circuit" = String, Path, description = "The circuit.", example = "schemathesis"),
+        ("service" = String, Path, description = "The scabbard service.", example = "svc"),
+        StatusQuery,
+    ),
+    responses(
+        (status = 200, description = "One entry per id asked, in order.", body = Vec<super::openapi::ScabbardBatchInfo>),
+        (status = 400, description = "No ids, or a wait that is not a number.", body = ScabbardErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ScabbardErrorBody),
+    ),
+)]
 async fn statuses(
     State(state): State<ApiState>,
-    Path((circuit, service)): Path<(String, String)>,
-    Query(query): Query<StatusQuery>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<StatusQuery>, QueryRejection>,
 ) -> Response {
+    let (circuit, service) = match path {
+        Ok(Path(path)) => path,
+        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    };
+    // A query string that does not parse (a parameter given twice, say): scabbard's own
+    // answer to a bad query, not axum's plain text.
+    let Ok(Query(query)) = query else {
+        return error(StatusCode::BAD_REQUEST, MSG_INVALID_QUERY);
+    };
     let ids: Vec<&str> = query
         .ids
         .as_deref()

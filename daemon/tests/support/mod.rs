@@ -32,6 +32,14 @@ pub struct Api {
 }
 
 pub async fn api(backend: TestBackend) -> Api {
+    api_with(backend, |router| router).await
+}
+
+/// [`api`] serving `extend(router)` instead of the router itself.
+pub async fn api_with(
+    backend: TestBackend,
+    extend: impl FnOnce(axum::Router) -> axum::Router,
+) -> Api {
     let database = TestDatabase::migrated(backend).await;
     let store = database.store().await;
     let draining = Arc::new(AtomicBool::new(false));
@@ -47,7 +55,8 @@ pub async fn api(backend: TestBackend) -> Api {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let app = extend(router(state));
+    tokio::spawn(async move { axum::serve(listener, app).await });
     Api {
         _database: database,
         store,

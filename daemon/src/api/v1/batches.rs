@@ -2,42 +2,77 @@
 //! cancel and requeue.
 
 use axum::Json;
-use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use dltsub_store::{BatchMoveKind, BatchRecord, BatchStatus};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{ApiError, BatchSummary, Report, ReportState, check_batch_id, parse_wait, timestamp};
+use super::{
+    ApiError, ApiPath, ApiQuery, BatchSummary, ErrorBody, Report, ReportState, check_batch_id,
+    parse_wait, timestamp,
+};
+use crate::api::openapi::TAG_V1;
 use crate::api::{ApiState, states_after_wait};
 
 /// Most ids one status request may name.
 const MAX_IDS: usize = 1_000;
 
-pub fn open_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/api/v1/batches", get(statuses))
-        .route("/api/v1/batches/{batch_id}", get(show))
+pub fn open_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(statuses))
+        .routes(routes!(show))
 }
 
-pub fn guarded_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/api/v1/batches/{batch_id}/cancel", post(cancel))
-        .route("/api/v1/batches/{batch_id}/requeue", post(requeue))
+pub fn guarded_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(cancel))
+        .routes(routes!(requeue))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct StatusesQuery {
+    /// The batch ids, comma-separated (at most 1,000; each 128 hexadecimal characters).
+    #[param(
+        required = true,
+        pattern = "^,*[0-9a-fA-F]{128}(,+[0-9a-fA-F]{128})*,*$",
+        example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"
+    )]
     ids: Option<String>,
+    /// Only batches of this service.
     service_id: Option<String>,
+    /// Answer once every batch is final or after this long (`30s`, `500ms`; at most 5m).
     wait: Option<String>,
 }
 
+/// `{"batches": [...], "unknown_ids": [...]}`.
+#[derive(Debug, Serialize, ToSchema)]
+struct BatchStatusesView<'a> {
+    batches: Vec<BatchSummary>,
+    /// The ids asked for that name no batch (of the service, if given).
+    unknown_ids: Vec<&'a str>,
+}
+
+/// The statuses of the batches `ids` names, after `wait` if given.
+#[utoipa::path(
+    get,
+    path = "/api/v1/batches",
+    operation_id = "batch_statuses",
+    tag = TAG_V1,
+    params(StatusesQuery),
+    responses(
+        (status = 200, description = "The batches found and the ids unknown.", body = BatchStatusesView),
+        (status = 400, description = "No ids, too many, a malformed id or wait.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn statuses(
     State(state): State<ApiState>,
-    Query(query): Query<StatusesQuery>,
+    ApiQuery(query): ApiQuery<StatusesQuery>,
 ) -> Result<Response, ApiError> {
     let wait = parse_wait(query.wait.as_deref())?;
     let ids: Vec<&str> = query
@@ -79,11 +114,17 @@ async fn statuses(
         .filter(|id| !found.iter().any(|batch| batch.batch_id == *id))
         .collect();
     let batches: Vec<BatchSummary> = found.into_iter().map(BatchSummary::from).collect();
-    Ok(Json(serde_json::json!({ "batches": batches, "unknown_ids": unknown_ids })).into_response())
+    Ok(Json(BatchStatusesView {
+        batches,
+        unknown_ids,
+    })
+    .into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ServiceQuery {
+    /// The service of the batch; needed when the id exists in several services.
     service_id: Option<String>,
 }
 
@@ -124,7 +165,7 @@ async fn one_batch(
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct HistoryEntry {
     at: String,
     old_status: Option<String>,
@@ -134,17 +175,37 @@ struct HistoryEntry {
     detail: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+/// A batch with every transition it went through.
+#[derive(Debug, Serialize, ToSchema)]
 struct BatchWithHistory {
     #[serde(flatten)]
     batch: BatchSummary,
     history: Vec<HistoryEntry>,
 }
 
+/// One batch with its history (every transition, epoch, instance).
+#[utoipa::path(
+    get,
+    path = "/api/v1/batches/{batch_id}",
+    operation_id = "get_batch",
+    tag = TAG_V1,
+    params(
+        ("batch_id" = String, Path, description = "The batch id (128 hexadecimal characters).",
+         pattern = "^[0-9a-fA-F]{128}$", example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"),
+        ServiceQuery,
+    ),
+    responses(
+        (status = 200, description = "The batch and its history.", body = BatchWithHistory),
+        (status = 400, description = "A malformed batch id.", body = ErrorBody),
+        (status = 404, description = "No such batch.", body = ErrorBody),
+        (status = 409, description = "The id exists in several services; add ?service_id=.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn show(
     State(state): State<ApiState>,
-    Path(batch_id): Path<String>,
-    Query(query): Query<ServiceQuery>,
+    ApiPath(batch_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ServiceQuery>,
 ) -> Result<Response, ApiError> {
     let batch = one_batch(&state, &batch_id, query.service_id.as_deref()).await?;
     let history = state
@@ -169,10 +230,32 @@ async fn show(
     .into_response())
 }
 
+/// Cancels a QUEUED batch; denied once it is mid-submission or later.
+#[utoipa::path(
+    post,
+    path = "/api/v1/batches/{batch_id}/cancel",
+    operation_id = "cancel_batch",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    params(
+        ("batch_id" = String, Path, description = "The batch id (128 hexadecimal characters).",
+         pattern = "^[0-9a-fA-F]{128}$", example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"),
+        ServiceQuery,
+    ),
+    responses(
+        (status = 200, description = "Executed.", body = Report),
+        (status = 400, description = "A malformed batch id.", body = ErrorBody),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 404, description = "No such batch.", body = ErrorBody),
+        (status = 409, description = "Denied (an execution report), or the id exists in several services (an error; add ?service_id=).",
+         content_type = "application/json", body = inline(MoveConflict)),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn cancel(
     State(state): State<ApiState>,
-    Path(batch_id): Path<String>,
-    Query(query): Query<ServiceQuery>,
+    ApiPath(batch_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ServiceQuery>,
 ) -> Result<Response, ApiError> {
     move_batch(
         &state,
@@ -183,10 +266,32 @@ async fn cancel(
     .await
 }
 
+/// Requeues a QUEUED (backoff cleared) or IN_DOUBT batch; denied on others.
+#[utoipa::path(
+    post,
+    path = "/api/v1/batches/{batch_id}/requeue",
+    operation_id = "requeue_batch",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    params(
+        ("batch_id" = String, Path, description = "The batch id (128 hexadecimal characters).",
+         pattern = "^[0-9a-fA-F]{128}$", example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"),
+        ServiceQuery,
+    ),
+    responses(
+        (status = 200, description = "Executed.", body = Report),
+        (status = 400, description = "A malformed batch id.", body = ErrorBody),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 404, description = "No such batch.", body = ErrorBody),
+        (status = 409, description = "Denied (an execution report), or the id exists in several services (an error; add ?service_id=).",
+         content_type = "application/json", body = inline(MoveConflict)),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn requeue(
     State(state): State<ApiState>,
-    Path(batch_id): Path<String>,
-    Query(query): Query<ServiceQuery>,
+    ApiPath(batch_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ServiceQuery>,
 ) -> Result<Response, ApiError> {
     move_batch(
         &state,
@@ -195,6 +300,17 @@ async fn requeue(
         BatchMoveKind::Requeue,
     )
     .await
+}
+
+/// A 409 of a move: a denied execution report or an ambiguous id.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // describes the two bodies
+enum MoveConflict {
+    #[schema(title = "denied")]
+    Denied(Report),
+    #[schema(title = "ambiguous")]
+    Ambiguous(ErrorBody),
 }
 
 async fn move_batch(

@@ -3,20 +3,22 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::Router;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use dltsub_store::ClaimRecord;
 use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{ApiError, millis_until, timestamp};
+use super::{ApiError, ErrorBody, millis_until, timestamp};
 use crate::api::ApiState;
+use crate::api::openapi::TAG_V1;
 
-pub fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/api/v1/claims", get(claims))
-        .route("/api/v1/instances", get(instances))
+pub fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(claims))
+        .routes(routes!(instances))
 }
 
 /// Where a claim stands at `now` (DESIGN.md §3).
@@ -32,11 +34,12 @@ fn phase(claim: &ClaimRecord, now_us: i64) -> &'static str {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct ClaimView {
     service_id: String,
     claimant: Option<String>,
     epoch: i64,
+    /// `unclaimed`, `held`, `fast_expired` or `expired`.
     phase: &'static str,
     fast_expiry: Option<String>,
     slow_expiry: Option<String>,
@@ -45,6 +48,26 @@ struct ClaimView {
     claimed_at: Option<String>,
 }
 
+/// `{"read_at", "claims": [...]}`: the database's time of the read and every claim.
+#[derive(Debug, Serialize, ToSchema)]
+struct ClaimList {
+    read_at: String,
+    claims: Vec<ClaimView>,
+}
+
+/// Who holds which service, at which epoch, in which phase, and the time left.
+#[utoipa::path(
+    get,
+    path = "/api/v1/claims",
+    operation_id = "list_claims",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The claims.", body = ClaimList),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn claims(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let claims = state.store.claims().await.map_err(ApiError::unavailable)?;
     let now_us = state
@@ -69,10 +92,14 @@ async fn claims(State(state): State<ApiState>) -> Result<Response, ApiError> {
             }
         })
         .collect();
-    Ok(Json(serde_json::json!({ "read_at": timestamp(now_us), "claims": views })).into_response())
+    Ok(Json(ClaimList {
+        read_at: timestamp(now_us),
+        claims: views,
+    })
+    .into_response())
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct InstanceView {
     instance_id: String,
     hostname: String,
@@ -86,6 +113,26 @@ struct InstanceView {
     claims: usize,
 }
 
+/// `{"read_at", "instances": [...]}`.
+#[derive(Debug, Serialize, ToSchema)]
+struct InstanceList {
+    read_at: String,
+    instances: Vec<InstanceView>,
+}
+
+/// The live instances with their heartbeat age and the claims each holds.
+#[utoipa::path(
+    get,
+    path = "/api/v1/instances",
+    operation_id = "list_instances",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The instances.", body = InstanceList),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn instances(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let instances = state
         .store
@@ -126,8 +173,9 @@ async fn instances(State(state): State<ApiState>) -> Result<Response, ApiError> 
             .await
             .map_err(ApiError::unavailable)?,
     };
-    Ok(
-        Json(serde_json::json!({ "read_at": timestamp(read_at_us), "instances": views }))
-            .into_response(),
-    )
+    Ok(Json(InstanceList {
+        read_at: timestamp(read_at_us),
+        instances: views,
+    })
+    .into_response())
 }

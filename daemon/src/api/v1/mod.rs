@@ -12,29 +12,32 @@ mod services;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Json;
-use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use dltsub_store::{BatchRecord, StoreError};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
 
 use super::ApiState;
 
 /// The `/api/v1` routes; those that change something or show the cluster's inner
 /// workings sit behind the bearer token when one is configured.
-pub fn routes(state: ApiState) -> Router<ApiState> {
-    let guarded = Router::new()
+pub fn routes(state: ApiState) -> OpenApiRouter<ApiState> {
+    let guarded = OpenApiRouter::new()
         .merge(services::guarded_routes())
         .merge(batches::guarded_routes())
         .merge(cluster::routes())
         .merge(pinning::guarded_routes())
         .route_layer(middleware::from_fn_with_state(state, require_token));
-    let open = Router::new()
+    let open = OpenApiRouter::new()
         .merge(services::open_routes())
         .merge(batches::open_routes());
-    Router::new()
+    OpenApiRouter::new()
         .merge(guarded)
         .merge(open)
         .fallback(|| async { ApiError::not_found("no such route") })
@@ -110,12 +113,74 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = serde_json::json!({"code": self.code, "message": self.message});
-        if let Some(field) = self.field {
-            error["field"] = field.into();
-        }
-        (self.status, Json(serde_json::json!({ "error": error }))).into_response()
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                field: self.field,
+                message: self.message,
+            },
+        };
+        (self.status, Json(body)).into_response()
     }
+}
+
+/// Every refusal of the native API: `{"error": {"code", "field"?, "message"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// `bad_request`, `unauthorized`, `not_found`, `unknown_service`, `unknown_batch`,
+    /// `ambiguous_batch`, `conflict`, `payload_too_large`, `unsupported_media_type`,
+    /// `queue_full`, `unavailable`.
+    pub code: &'static str,
+    /// The request part at fault (a query parameter, `body`, a body field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<&'static str>,
+    pub message: String,
+}
+
+/// axum's `Query`, refused as an [`ApiError`] (JSON, field `query`) rather than axum's plain
+/// text: a query string that does not parse (a parameter given twice, say) is a 400 like
+/// every other refusal of this API.
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(query)) => Ok(Self(query)),
+            Err(rejection) => Err(ApiError::bad_request("query", rejection.body_text())),
+        }
+    }
+}
+
+/// axum's `Path`, refused as an [`ApiError`] (JSON, field `path`): a path segment that is
+/// not UTF-8 once percent-decoded.
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(path)) => Ok(Self(path)),
+            Err(rejection) => Err(ApiError::bad_request("path", rejection.body_text())),
+        }
+    }
+}
+
+/// A JSON body that must be an object: serde would also read a struct from an array of its
+/// fields' values (`[null, null]`), which the API documents as a refusal.
+pub fn json_object<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    if !value.is_object() {
+        return Err("the body is not a JSON object".into());
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
 }
 
 /// Refuses the request with 401 unless it carries `Authorization: Bearer <api_token>`
@@ -156,7 +221,7 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
 }
 
 /// `executed | postponed | denied`, answered 200, 202 and 409.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReportState {
     Executed,
@@ -165,7 +230,7 @@ pub enum ReportState {
 }
 
 /// What an operation did (docs/api-v1.md, "Execution reports").
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Report {
     pub operation: &'static str,
     pub state: ReportState,
@@ -187,7 +252,7 @@ impl IntoResponse for Report {
 }
 
 /// A batch as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct BatchSummary {
     pub service_id: String,
     pub batch_id: String,
@@ -196,7 +261,8 @@ pub struct BatchSummary {
     pub attempts: i32,
     pub submit_epoch: Option<i64>,
     pub submitted_by: Option<String>,
-    /// The ledger's last status message, as the JSON it was.
+    /// The ledger's last status message, as the JSON it was (any JSON value).
+    #[schema(value_type = Option<serde_json::Value>)]
     pub dlt_message: Option<serde_json::Value>,
     pub last_error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

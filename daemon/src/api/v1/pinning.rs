@@ -1,38 +1,61 @@
 //! `POST /api/v1/services/{service_id}/pin`: pins a service to an instance label or keeps
 //! it away from one (DESIGN.md §3, pinning), answered with an execution report.
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use dltsub_store::Pin;
 use serde::Deserialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{ApiError, Report, ReportState};
+use super::{ApiError, ApiPath, ErrorBody, Report, ReportState};
 use crate::api::ApiState;
+use crate::api::openapi::TAG_V1;
 
-pub fn guarded_routes() -> Router<ApiState> {
-    Router::new().route("/api/v1/services/{service_id}/pin", post(pin))
+pub fn guarded_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new().routes(routes!(pin))
 }
 
 /// `{"pin_label": "gpu" | null, "exclude_label": "eu" | null}`; a missing field is null,
 /// so `{}` clears both.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PinBody {
+    /// Only instances with this label may hold the service (lowercase letters, digits, `.`
+    /// and `-`; empty or null: any).
     #[serde(default)]
     pin_label: Option<String>,
+    /// No instance with this label may hold the service (empty or null: none excluded).
     #[serde(default)]
     exclude_label: Option<String>,
 }
 
+/// Pins the service to an instance label, or keeps it away from one.
+#[utoipa::path(
+    post,
+    path = "/api/v1/services/{service_id}/pin",
+    operation_id = "pin_service",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    params(("service_id" = String, Path, description = "The service.", example = "schemathesis::svc")),
+    request_body(content = PinBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Executed.", body = Report),
+        (status = 400, description = "Not the JSON object expected, or a malformed label.", body = ErrorBody),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 404, description = "No such service.", body = ErrorBody),
+        (status = 413, description = "The body is larger than max_body_size.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn pin(
     State(state): State<ApiState>,
-    Path(service_id): Path<String>,
+    ApiPath(service_id): ApiPath<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let body: PinBody = serde_json::from_slice(&body).map_err(|error| {
+    let body: PinBody = super::json_object(&body).map_err(|error| {
         ApiError::bad_request(
             "body",
             format!("expected JSON {{\"pin_label\": LABEL or null, \"exclude_label\": LABEL or null}}: {error}"),

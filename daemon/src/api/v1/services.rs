@@ -5,38 +5,41 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use axum::Json;
-use axum::Router;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use dltsub_store::{BatchStatus, ServiceRecord, StoreError};
 use dltsub_wire::{BatchListError, decode_batch_list};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{ApiError, BatchSummary, Report, ReportState, parse_wait, timestamp};
+use super::{
+    ApiError, ApiPath, ApiQuery, BatchSummary, ErrorBody, Report, ReportState, parse_wait,
+    timestamp,
+};
+use crate::api::openapi::{BatchListBody, TAG_V1};
 use crate::api::{ApiState, one_list_per_batch, states_after_wait};
 
-pub fn open_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/api/v1/services", get(list))
-        .route("/api/v1/services/{service_id}", get(show))
+pub fn open_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(show))
 }
 
-pub fn guarded_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/api/v1/services/{service_id}/batches", post(submit))
-        .route("/api/v1/services/{service_id}/pause", post(pause))
-        .route("/api/v1/services/{service_id}/resume", post(resume))
-        .route(
-            "/api/v1/services/{service_id}/max_in_flight",
-            post(max_in_flight),
-        )
+pub fn guarded_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(submit))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(max_in_flight))
 }
 
-#[derive(Debug, Serialize)]
+/// A service with its holder and batch counts.
+#[derive(Debug, Serialize, ToSchema)]
 struct ServiceView {
     service_id: String,
     paused: bool,
@@ -44,8 +47,19 @@ struct ServiceView {
     created_at: String,
     claimant: Option<String>,
     epoch: i64,
+    /// Batches by status (`QUEUED`, `SUBMITTING`, `PENDING`, `VALID`, `IN_DOUBT`,
+    /// `COMMITTED`, `INVALID`, `CANCELLED`).
+    #[schema(value_type = BTreeMap<String, i64>)]
     counts: BTreeMap<&'static str, i64>,
 }
+
+/// `{"services": [...]}`.
+#[derive(Debug, Serialize, ToSchema)]
+struct ServiceList {
+    services: Vec<ServiceView>,
+}
+
+const SERVICE_ID: &str = "The service (`circuit::service` for scabbard batches).";
 
 impl From<ServiceRecord> for ServiceView {
     fn from(service: ServiceRecord) -> Self {
@@ -65,6 +79,17 @@ impl From<ServiceRecord> for ServiceView {
     }
 }
 
+/// Every service with its holder, epoch, pause, `max_in_flight` and batch counts.
+#[utoipa::path(
+    get,
+    path = "/api/v1/services",
+    operation_id = "list_services",
+    tag = TAG_V1,
+    responses(
+        (status = 200, description = "The services.", body = ServiceList),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn list(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let services = state
         .store
@@ -72,12 +97,26 @@ async fn list(State(state): State<ApiState>) -> Result<Response, ApiError> {
         .await
         .map_err(ApiError::unavailable)?;
     let services: Vec<ServiceView> = services.into_iter().map(ServiceView::from).collect();
-    Ok(Json(serde_json::json!({ "services": services })).into_response())
+    Ok(Json(ServiceList { services }).into_response())
 }
 
+/// One service.
+#[utoipa::path(
+    get,
+    path = "/api/v1/services/{service_id}",
+    operation_id = "get_service",
+    tag = TAG_V1,
+    params(("service_id" = String, Path, description = SERVICE_ID, example = "schemathesis::svc")),
+    responses(
+        (status = 200, description = "The service.", body = ServiceView),
+        (status = 400, description = "A service id that is not UTF-8.", body = ErrorBody),
+        (status = 404, description = "No such service.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn show(
     State(state): State<ApiState>,
-    Path(service_id): Path<String>,
+    ApiPath(service_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let service = state
         .store
@@ -89,17 +128,40 @@ async fn show(
     Ok(Json(ServiceView::from(service)).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct WaitQuery {
+    /// Wait up to this long for the outcomes (`30s`, `500ms`; at most 5m).
     wait: Option<String>,
 }
 
 /// Accepts a BatchList for the service (creating the service if it is new), then, with
 /// `wait`, waits for the outcomes.
+#[utoipa::path(
+    post,
+    path = "/api/v1/services/{service_id}/batches",
+    operation_id = "submit_batches",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    params(("service_id" = String, Path, description = SERVICE_ID, example = "schemathesis::svc"), WaitQuery),
+    request_body(content = BatchListBody, content_type = "application/octet-stream",
+                 description = "A protobuf BatchList of at least one batch."),
+    responses(
+        (status = 200, description = "Executed: every batch is final.", body = Report),
+        (status = 202, description = "Postponed: accepted, not every batch is final yet.", body = Report),
+        (status = 400, description = "Not a BatchList, no batches, a malformed batch, service id or wait.", body = ErrorBody),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 409, description = "Denied: a batch id was accepted before with other bytes; nothing was stored.", body = Report),
+        (status = 413, description = "The body is larger than max_body_size.", body = ErrorBody),
+        (status = 415, description = "The Content-Type is not application/octet-stream.", body = ErrorBody),
+        (status = 429, description = "The service's queue is full (max_queued_per_service).", body = ErrorBody),
+        (status = 503, description = "The database is unavailable or the instance is draining.", body = ErrorBody),
+    ),
+)]
 async fn submit(
     State(state): State<ApiState>,
-    Path(service_id): Path<String>,
-    Query(query): Query<WaitQuery>,
+    ApiPath(service_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<WaitQuery>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -270,32 +332,85 @@ fn service_report(operation: &'static str, service_id: String) -> Response {
     .into_response()
 }
 
+/// Stops submitting the service's batches (those in flight finish).
+#[utoipa::path(
+    post,
+    path = "/api/v1/services/{service_id}/pause",
+    operation_id = "pause_service",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    params(("service_id" = String, Path, description = SERVICE_ID, example = "schemathesis::svc")),
+    responses(
+        (status = 200, description = "Executed.", body = Report),
+        (status = 400, description = "A service id that is not UTF-8.", body = ErrorBody),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 404, description = "No such service.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn pause(
     State(state): State<ApiState>,
-    Path(service_id): Path<String>,
+    ApiPath(service_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     set_paused(&state, service_id, true).await
 }
 
+/// Submits the service's batches again.
+#[utoipa::path(
+    post,
+    path = "/api/v1/services/{service_id}/resume",
+    operation_id = "resume_service",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    params(("service_id" = String, Path, description = SERVICE_ID, example = "schemathesis::svc")),
+    responses(
+        (status = 200, description = "Executed.", body = Report),
+        (status = 400, description = "A service id that is not UTF-8.", body = ErrorBody),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 404, description = "No such service.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn resume(
     State(state): State<ApiState>,
-    Path(service_id): Path<String>,
+    ApiPath(service_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     set_paused(&state, service_id, false).await
 }
 
-#[derive(Debug, Deserialize)]
+/// `{"max_in_flight": k}`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct MaxInFlightBody {
+    /// Batches of the service between submission and the ledger's verdict at once, 1 to 1000.
+    #[schema(minimum = 1, maximum = 1000)]
     max_in_flight: i64,
 }
 
+/// Sets how many of the service's batches may be in flight at once (in order).
+#[utoipa::path(
+    post,
+    path = "/api/v1/services/{service_id}/max_in_flight",
+    operation_id = "set_max_in_flight",
+    tag = TAG_V1,
+    security(("bearer" = [])),
+    params(("service_id" = String, Path, description = SERVICE_ID, example = "schemathesis::svc")),
+    request_body(content = MaxInFlightBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Executed.", body = Report),
+        (status = 400, description = "Not the JSON object expected, or a value out of range.", body = ErrorBody),
+        (status = 401, description = "api_token is set and the request lacks its bearer token.", body = ErrorBody),
+        (status = 404, description = "No such service.", body = ErrorBody),
+        (status = 413, description = "The body is larger than max_body_size.", body = ErrorBody),
+        (status = 503, description = "The database is unavailable.", body = ErrorBody),
+    ),
+)]
 async fn max_in_flight(
     State(state): State<ApiState>,
-    Path(service_id): Path<String>,
+    ApiPath(service_id): ApiPath<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let body: MaxInFlightBody = serde_json::from_slice(&body).map_err(|error| {
+    let body: MaxInFlightBody = super::json_object(&body).map_err(|error| {
         ApiError::bad_request(
             "body",
             format!("expected JSON {{\"max_in_flight\": N}}: {error}"),
