@@ -6,7 +6,6 @@
 //! migration runs under a session advisory lock, and on SQLite inside one `BEGIN IMMEDIATE`
 //! transaction; whoever comes second finds nothing left to apply.
 
-use diesel::connection::SimpleConnection;
 use diesel::migration::MigrationSource;
 use diesel::{Connection, SqliteConnection};
 use diesel_async::{AsyncConnection, AsyncMigrationHarness, SimpleAsyncConnection};
