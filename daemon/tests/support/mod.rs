@@ -32,6 +32,12 @@ pub struct Api {
 }
 
 pub async fn api(backend: TestBackend) -> Api {
+    api_with(backend, dltsub::api::limits::LimitSettings::default()).await
+}
+
+/// [`api`] with other limits (`dltsub::api::limits`), served with the peers' addresses
+/// as `dltsub run` serves it, so the rate limit per client applies.
+pub async fn api_with(backend: TestBackend, limits: dltsub::api::limits::LimitSettings) -> Api {
     let database = TestDatabase::migrated(backend).await;
     let store = database.store().await;
     let draining = Arc::new(AtomicBool::new(false));
@@ -44,10 +50,12 @@ pub async fn api(backend: TestBackend) -> Api {
         api_token: Some(TOKEN.into()),
         max_body_bytes: MAX_BODY,
         console: Default::default(),
+        limits: Arc::new(dltsub::api::limits::Limits::new(limits)),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, app).await });
     Api {
         _database: database,
         store,
