@@ -211,6 +211,60 @@ const KEYS: &[Key] = &[
         doc: "When set, the native API's operations and admin reads (/api/v1 POSTs, claims, instances) require `Authorization: Bearer <token>`; the ledger-compatible routes stay open",
     },
     Key {
+        name: "max_batches_per_list",
+        default: "1000",
+        kind: Kind::Integer,
+        doc: "Most batches in one submitted BatchList; a longer list answers 413 naming the field `batches`",
+    },
+    Key {
+        name: "max_transactions_per_batch",
+        default: "1000",
+        kind: Kind::Integer,
+        doc: "Most transactions in one submitted batch; a batch with more answers 413 naming the field `transactions`",
+    },
+    Key {
+        name: "max_ids_per_query",
+        default: "1000",
+        kind: Kind::Integer,
+        doc: "Most batch ids in one status request (scabbard and Sawtooth batch_statuses, /api/v1/batches), at most 1000; more answer 400 naming the field",
+    },
+    Key {
+        name: "max_concurrent_waits",
+        default: "256",
+        kind: Kind::Integer,
+        doc: "Most requests of this instance holding a `wait` at once (each re-reads the database every 25 ms); beyond it 429 with Retry-After",
+    },
+    Key {
+        name: "max_wait",
+        default: "300s",
+        kind: Kind::Duration,
+        doc: "Longest `wait` honoured (at most 300s): the ledger routes cap a longer one, the native API refuses it with 400",
+    },
+    Key {
+        name: "max_queued_total",
+        default: "1000000",
+        kind: Kind::Integer,
+        doc: "Most unfinished batches of all services together; a submission beyond it gets the route's back-pressure answer (429). Checked against a count at most 1s old per instance (0: no cap)",
+    },
+    Key {
+        name: "rate_limit_per_client",
+        default: "0",
+        kind: Kind::Integer,
+        doc: "Requests per second one client address may make to the API (token bucket; 0: off); beyond it 429 with Retry-After. Behind a proxy the address is the proxy's unless it is in trusted_proxies",
+    },
+    Key {
+        name: "rate_limit_burst",
+        default: "50",
+        kind: Kind::Integer,
+        doc: "Requests a client may make at once before rate_limit_per_client applies (the bucket's size)",
+    },
+    Key {
+        name: "trusted_proxies",
+        default: "",
+        kind: Kind::Text,
+        doc: "Proxy addresses, comma-separated IPs, whose X-Forwarded-For (its last address) names the client for rate limiting",
+    },
+    Key {
         name: "listen",
         default: "127.0.0.1:8080",
         kind: Kind::Text,
@@ -447,6 +501,17 @@ pub struct Config {
     pub max_body_size: u32,
     /// `None`: the native API is open.
     pub api_token: Option<String>,
+    pub max_batches_per_list: u32,
+    pub max_transactions_per_batch: u32,
+    pub max_ids_per_query: u32,
+    pub max_concurrent_waits: u32,
+    pub max_wait: Duration,
+    /// `None`: no cap.
+    pub max_queued_total: Option<u64>,
+    /// Requests per second per client; `None`: no rate limit.
+    pub rate_limit_per_client: Option<u64>,
+    pub rate_limit_burst: u32,
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     /// Each key's value as text and where it came from, for `dltsub config`.
@@ -538,6 +603,15 @@ impl Config {
             max_queued_per_service: get("max_queued_per_service").cap()?,
             max_body_size: get("max_body_size").positive_integer()?,
             api_token: get("api_token").token()?,
+            max_batches_per_list: get("max_batches_per_list").positive_integer()?,
+            max_transactions_per_batch: get("max_transactions_per_batch").positive_integer()?,
+            max_ids_per_query: get("max_ids_per_query").positive_integer()?,
+            max_concurrent_waits: get("max_concurrent_waits").positive_integer()?,
+            max_wait: get("max_wait").duration()?,
+            max_queued_total: get("max_queued_total").cap()?,
+            rate_limit_per_client: get("rate_limit_per_client").cap()?,
+            rate_limit_burst: get("rate_limit_burst").positive_integer()?,
+            trusted_proxies: get("trusted_proxies").addresses()?,
             listen: get("listen").parse()?,
             metrics_listen: get("metrics_listen").parse()?,
             sources: values
@@ -613,6 +687,24 @@ impl Config {
                 ),
             });
         }
+        // The native API's own bound on ids (docs/api-v1.md) is 1,000.
+        if self.max_ids_per_query > 1_000 {
+            return Err(ConfigError::Inconsistent {
+                problem: format!(
+                    "max_ids_per_query ({}) must be at most 1000",
+                    self.max_ids_per_query
+                ),
+            });
+        }
+        if self.max_wait > crate::api::MAX_WAIT {
+            return Err(ConfigError::Inconsistent {
+                problem: format!(
+                    "max_wait ({}) must be at most {}",
+                    show(self.max_wait),
+                    show(crate::api::MAX_WAIT)
+                ),
+            });
+        }
         // Port 0 (any free port, for tests) never collides.
         if self.listen == self.metrics_listen && self.listen.port() != 0 {
             return Err(ConfigError::Inconsistent {
@@ -637,12 +729,14 @@ impl Config {
     }
 
     /// The effective configuration as TOML, with where each value came from. Secrets
-    /// (a password in `database_url`) are redacted.
+    /// (a password in `database_url` or `dlt_url`, the `api_token`) are redacted.
     pub fn render(&self) -> String {
         let mut out = String::new();
         for (name, text, origin) in &self.sources {
             let shown = if *name == "database_url" {
                 self.database_url.redacted()
+            } else if *name == "dlt_url" {
+                dltsub_store::redact_url(text)
             } else if *name == "api_token" && !text.is_empty() {
                 "<redacted>".to_string()
             } else {
@@ -673,7 +767,12 @@ impl Field<'_> {
     fn error(&self, problem: impl Into<String>) -> ConfigError {
         ConfigError::BadValue {
             key: self.name,
-            value: self.text.to_string(),
+            // An error is printed and logged: never with a password or token in it.
+            value: match self.name {
+                "database_url" | "dlt_url" => dltsub_store::redact_url(self.text),
+                "api_token" => "<redacted>".to_string(),
+                _ => self.text.to_string(),
+            },
             origin: self.origin.clone(),
             problem: problem.into(),
         }
@@ -735,6 +834,19 @@ impl Field<'_> {
             });
         }
         Ok(Some(self.text.to_string()))
+    }
+
+    /// Comma-separated IP addresses; empty: none.
+    fn addresses(&self) -> Result<Vec<std::net::IpAddr>, ConfigError> {
+        self.text
+            .split(',')
+            .map(str::trim)
+            .filter(|text| !text.is_empty())
+            .map(|text| {
+                text.parse()
+                    .map_err(|_| self.error(format!("{text:?} is not an IP address")))
+            })
+            .collect()
     }
 
     fn labels(&self) -> Result<Vec<String>, ConfigError> {
@@ -990,6 +1102,79 @@ mod tests {
             .to_string();
         assert!(error.contains("invalid TOML at line 1"), "{error}");
         assert!(!error.contains('\n'), "{error}");
+    }
+
+    #[test]
+    fn limits_have_defaults_and_bounds() {
+        let config = load(&[], &[]).unwrap();
+        assert_eq!(config.max_batches_per_list, 1_000);
+        assert_eq!(config.max_wait, Duration::from_secs(300));
+        assert_eq!(config.max_queued_total, Some(1_000_000));
+        assert_eq!(config.rate_limit_per_client, None, "off by default");
+        assert!(config.trusted_proxies.is_empty());
+        let config = load(
+            &[
+                ("rate_limit_per_client", "20"),
+                ("max_queued_total", "0"),
+                ("trusted_proxies", "10.0.0.5, ::1"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(config.rate_limit_per_client, Some(20));
+        assert_eq!(config.max_queued_total, None);
+        assert_eq!(config.trusted_proxies.len(), 2);
+        for (key, value, expected) in [
+            ("max_batches_per_list", "0", "must be at least 1"),
+            ("max_concurrent_waits", "-1", "not a positive integer"),
+            ("max_wait", "0s", "must be longer than zero"),
+            ("max_wait", "301s", "max_wait (5m 1s) must be at most 5m"),
+            ("max_ids_per_query", "1001", "must be at most 1000"),
+            ("rate_limit_burst", "0", "must be at least 1"),
+            (
+                "trusted_proxies",
+                "haproxy",
+                "\"haproxy\" is not an IP address",
+            ),
+        ] {
+            let error = load(&[(key, value)], &[]).unwrap_err().to_string();
+            assert!(error.contains(expected), "{key}={value}: {error}");
+        }
+    }
+
+    /// No password or token in `dltsub config` or in an error about a bad value.
+    #[test]
+    fn secrets_are_redacted_everywhere() {
+        let config = load(
+            &[
+                ("dlt_url", "http://ledger:l3dger-pw@gw:8085"),
+                ("api_token", "t0ken-0123456789abcdef"),
+            ],
+            &[("DLTSUB_DATABASE_URL", "postgres://u@h/db?password=pg-pw-9")],
+        )
+        .unwrap();
+        let rendered = config.render();
+        for secret in ["l3dger-pw", "t0ken-0123456789abcdef", "pg-pw-9"] {
+            assert!(!rendered.contains(secret), "{rendered}");
+        }
+        assert!(
+            rendered.contains("dlt_url = \"http://ledger:***@gw:8085\""),
+            "{rendered}"
+        );
+        for (key, value) in [
+            ("dlt_url", "ftp://ledger:l3dger-pw@gw"),
+            ("database_url", "postgres://u:pg-pw-9@h:notaport/db"),
+            ("api_token", "short-pw"),
+        ] {
+            let error = load(&[(key, value)], &[]).unwrap_err().to_string();
+            assert!(error.starts_with(key), "{error}");
+            assert!(
+                !error.contains("l3dger-pw")
+                    && !error.contains("pg-pw-9")
+                    && !error.contains("short-pw"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

@@ -141,9 +141,12 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DLTSUB_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or journald gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 

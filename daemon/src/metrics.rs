@@ -32,6 +32,21 @@ pub const SERVICES_UNSERVED: &str = "dltsub_services_unserved";
 pub const DATABASE_ROUND_TRIPS: &str = "dltsub_database_round_trips_total";
 /// Database errors while computing the scrape-time gauges.
 pub const SCRAPE_ERRORS: &str = "dltsub_metrics_scrape_errors_total";
+/// API requests refused by a limit (`crate::api::limits`), by the limit.
+pub const API_LIMITED: &str = "dltsub_api_limited_total";
+/// The values of `API_LIMITED`'s `limit` label.
+pub const API_LIMITS: &[&str] = &[
+    "body_size",
+    "batches_per_list",
+    "transactions_per_batch",
+    "ids_per_query",
+    "wait",
+    "concurrent_waits",
+    "queued_per_service",
+    "queued_total",
+    "rate",
+    "draining",
+];
 
 /// Installs the process-wide recorder, with histogram buckets for the latency metrics so
 /// Prometheus can aggregate them across instances. Call once per process.
@@ -80,6 +95,10 @@ pub fn describe() {
     metrics::describe_counter!(
         SCRAPE_ERRORS,
         "Scrapes whose database-derived gauges failed"
+    );
+    metrics::describe_counter!(
+        API_LIMITED,
+        "API requests refused by a limit (body size, list and query sizes, waits, queue caps, rate, draining), by limit"
     );
 }
 
@@ -210,6 +229,7 @@ pub fn catalogue() -> Vec<Family> {
         family(SERVICES_UNSERVED, Kind::Gauge, &[]),
         family(SCRAPE_ERRORS, Kind::Counter, &[]),
         family(DATABASE_ROUND_TRIPS, Kind::Counter, &[]),
+        family(API_LIMITED, Kind::Counter, &[("limit", API_LIMITS)]),
         family(submitter::SUBMISSIONS, Kind::Counter, &outcome()),
         family(submitter::SUBMITTED_BATCHES, Kind::Counter, &outcome()),
         family(submitter::POST_SECONDS, Kind::Histogram, &[]),

@@ -49,7 +49,7 @@ pub async fn run(
     tracing::info!(
         instance.id = %me.instance_id,
         database = %options.url,
-        dlt = %config.dlt_url,
+        dlt = %dltsub_store::redact_url(config.dlt_url.as_str()),
         "dltsub instance {} starting",
         me.instance_id
     );
@@ -138,6 +138,9 @@ pub async fn run(
                 config.slow_expiry,
                 config.renew_interval * 3,
             ),
+            limits: Arc::new(crate::api::limits::Limits::new(
+                crate::api::limits::LimitSettings::from_config(config),
+            )),
         },
         api_stop.clone(),
     ));

@@ -18,7 +18,7 @@ use std::path::Path;
 use dltsub_store::testing::TestBackend;
 use reqwest::Method;
 use serde_json::Value;
-use support::{Api, TOKEN, api, api_with};
+use support::{Api, TOKEN, api, api_serving};
 
 const DOCUMENT: &str = "/api/v1/openapi.json";
 /// The methods probed on every path (HEAD and OPTIONS are axum's own for every GET).
@@ -371,7 +371,7 @@ async fn document_lists_exactly_the_routes_served() {
 /// router with one route added the plain axum way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_check_sees_an_undocumented_route() {
-    let api = api_with(TestBackend::Sqlite, |router| {
+    let api = api_serving(TestBackend::Sqlite, Default::default(), |router| {
         axum::Router::new()
             .route(
                 "/api/v1/undocumented/{id}",

@@ -41,16 +41,59 @@ impl DatabaseUrl {
     /// The URL with any password replaced by `***`, for logs and `dltsub config`.
     pub fn redacted(&self) -> String {
         match self {
-            DatabaseUrl::Postgres(raw) => match url::Url::parse(raw) {
-                Ok(mut parsed) if parsed.password().is_some() => {
-                    let _ = parsed.set_password(Some("***"));
-                    parsed.to_string()
-                }
-                _ => raw.clone(),
-            },
+            DatabaseUrl::Postgres(raw) => redact_url(raw),
             DatabaseUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
         }
     }
+}
+
+/// `raw` with the password of its user information (`user:PASSWORD@host`) and the value of
+/// a `password=` query parameter replaced by `***`: what logs and `dltsub config` may show
+/// of a URL. Works on text, so multi-host PostgreSQL URLs (`@h1,h2/db`) and URLs that do
+/// not parse are redacted too.
+pub fn redact_url(raw: &str) -> String {
+    let (before_query, query) = match raw.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (raw, None),
+    };
+    let mut out = String::with_capacity(raw.len());
+    let rest = match before_query.split_once("://") {
+        Some((scheme, rest)) => {
+            out.push_str(scheme);
+            out.push_str("://");
+            rest
+        }
+        None => before_query,
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            match userinfo.split_once(':') {
+                Some((user, _password)) => {
+                    out.push_str(user);
+                    out.push_str(":***");
+                }
+                None => out.push_str(userinfo),
+            }
+            out.push('@');
+            out.push_str(hosts);
+        }
+        None => out.push_str(authority),
+    }
+    out.push_str(path);
+    if let Some(query) = query {
+        out.push('?');
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push_str(&pairs.join("&"));
+    }
+    out
 }
 
 impl fmt::Debug for DatabaseUrl {
@@ -485,5 +528,34 @@ mod tests {
         );
         let given = "postgres://u@h/db?connect_timeout=9";
         assert_eq!(with_default_connect_timeout(given, timeout), given);
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        for (raw, shown) in [
+            (
+                "postgres://dltsub:s3cret@db1,db2/dltsub?target_session_attrs=read-write",
+                "postgres://dltsub:***@db1,db2/dltsub?target_session_attrs=read-write",
+            ),
+            (
+                "postgres://u@h/db?sslmode=require&password=s3cret",
+                "postgres://u@h/db?sslmode=require&password=***",
+            ),
+            (
+                "postgres://u:p@ss:w0rd@h:5432/db",
+                "postgres://u:***@h:5432/db",
+            ),
+            (
+                "http://user:s3cret@ledger:8008",
+                "http://user:***@ledger:8008",
+            ),
+            ("http://ledger:8008/base", "http://ledger:8008/base"),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+        ] {
+            assert_eq!(redact_url(raw), shown, "{raw}");
+        }
+        let url: DatabaseUrl = "postgres://u:s3cret@h1,h2/db".parse().unwrap();
+        assert_eq!(url.to_string(), "postgres://u:***@h1,h2/db");
+        assert_eq!(format!("{url:?}"), "postgres://u:***@h1,h2/db");
     }
 }

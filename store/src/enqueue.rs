@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use crate::connection::write_transaction;
+use crate::connection::{with_conn, write_transaction};
 use crate::dialect::Dialect;
 use crate::rows::{NewBatchRow, NewEventRow, NewStatusRow};
 use crate::schema::{batch_statuses, batches, service_id_claims, services};
@@ -216,6 +216,22 @@ impl Store {
                 }
             })
             .collect()
+    }
+}
+
+impl Store {
+    /// Unfinished batches (QUEUED, SUBMITTING, PENDING, VALID, IN_DOUBT) of every service,
+    /// in one statement over the partial index of unfinished batches: what the API checks
+    /// `max_queued_total` against.
+    pub async fn unfinished_total(&self) -> Result<i64, StoreError> {
+        with_conn!(self, |conn| {
+            let total: i64 = batch_statuses::table
+                .filter(batch_statuses::status.eq_any(UNFINISHED))
+                .count()
+                .get_result(conn)
+                .await?;
+            Ok(total)
+        })
     }
 }
 

@@ -27,7 +27,9 @@ pub use claims::{
     InstanceState, LEADER_LEASE, LiveInstance, SHARD_RANGE, TickOutcome, TickPlan, service_shard,
 };
 pub use clock::DbNowMicros;
-pub use connection::{ClockOffset, DatabaseUrl, RoundTrips, StoreOptions, is_read_only_error};
+pub use connection::{
+    ClockOffset, DatabaseUrl, RoundTrips, StoreOptions, is_read_only_error, redact_url,
+};
 pub use console::{
     BatchPage, CommitBucket, MAX_PAGE, ServiceFilter, ServicePage, ServiceRow, ServiceSubset,
 };

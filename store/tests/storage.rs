@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use dltsub_store::testing::{TestBackend, TestDatabase};
-use dltsub_store::{BatchStatus, NewBatch, StoreError, backend_tests, known_migrations};
+use dltsub_store::{
+    BatchMoveKind, BatchStatus, NewBatch, StoreError, backend_tests, known_migrations,
+};
 
 const TABLES: [&str; 6] = [
     "instances",
@@ -269,6 +271,33 @@ async fn a_primary_is_writable(backend: TestBackend) {
     store.check_writable().await.expect("writable");
 }
 
+/// The total of unfinished batches counts every service and leaves out terminal ones
+/// (what the API's `max_queued_total` is checked against).
+async fn unfinished_total_counts_every_service(backend: TestBackend) {
+    let database = TestDatabase::migrated(backend).await;
+    let store = database.store().await;
+    assert_eq!(store.unfinished_total().await.unwrap(), 0);
+    let first = store
+        .enqueue(
+            "a::x",
+            &[new_batch(1, b"1"), new_batch(2, b"2"), new_batch(3, b"3")],
+        )
+        .await
+        .unwrap();
+    store
+        .enqueue("b::y", &[new_batch(4, b"4"), new_batch(5, b"5")])
+        .await
+        .unwrap();
+    assert_eq!(store.unfinished_total().await.unwrap(), 5);
+    let moved = store
+        .move_batch(first[0].seq, BatchMoveKind::Cancel)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(moved.changed);
+    assert_eq!(store.unfinished_total().await.unwrap(), 4);
+}
+
 backend_tests!(
     a_primary_is_writable,
     migrations_apply_once,
@@ -282,6 +311,7 @@ backend_tests!(
     database_clock_and_offsets,
     schema_rejects_truncated_batch_ids,
     retention_deletes_only_old_terminal_batches,
+    unfinished_total_counts_every_service,
 );
 
 mod postgres_only {

@@ -93,17 +93,57 @@ const SAWTOOTH_MAX_GET_IDS: usize = 15;
 #[derive(Debug, Clone)]
 pub struct DltClient {
     http: reqwest::Client,
+    /// The ledger's base URL without credentials, so no URL this client builds (and no
+    /// error that quotes one) carries a password.
     base: url::Url,
+    credentials: Option<Credentials>,
     dialect: Dialect,
     request_timeout: Duration,
 }
 
+/// `user:password@` of the ledger URL, sent as HTTP basic authentication on every request.
+#[derive(Clone)]
+struct Credentials {
+    user: String,
+    password: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials({}:***)", self.user)
+    }
+}
+
+impl Credentials {
+    /// Takes the user information out of `url` (percent-decoded), leaving it without.
+    fn take_from(url: &mut url::Url) -> Option<Self> {
+        let decode = |text: &str| {
+            percent_encoding::percent_decode_str(text)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        if url.username().is_empty() && url.password().is_none() {
+            return None;
+        }
+        let credentials = Credentials {
+            user: decode(url.username()),
+            password: url.password().map(decode),
+        };
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        Some(credentials)
+    }
+}
+
 impl DltClient {
+    /// A client for the ledger at `base`. Credentials in `base` (`http://user:pass@host`)
+    /// are taken out of the URL and sent as basic authentication instead.
     pub fn new(
-        base: url::Url,
+        mut base: url::Url,
         dialect: Dialect,
         request_timeout: Duration,
     ) -> Result<Self, reqwest::Error> {
+        let credentials = Credentials::take_from(&mut base);
         let http = reqwest::Client::builder()
             .connect_timeout(request_timeout)
             .pool_max_idle_per_host(64)
@@ -112,6 +152,7 @@ impl DltClient {
         Ok(Self {
             http,
             base,
+            credentials,
             dialect,
             request_timeout,
         })
@@ -119,6 +160,16 @@ impl DltClient {
 
     pub fn dialect(&self) -> Dialect {
         self.dialect
+    }
+
+    /// The ledger's credentials, if its URL carried any, as an Authorization header.
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.credentials {
+            Some(credentials) => {
+                request.basic_auth(&credentials.user, credentials.password.as_deref())
+            }
+            None => request,
+        }
     }
 
     fn endpoint(&self, service_id: &str, leaf: &str) -> Result<url::Url, ClientError> {
@@ -157,8 +208,7 @@ impl DltClient {
             }
         };
         let response = self
-            .http
-            .post(url)
+            .authorized(self.http.post(url))
             .timeout(self.request_timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .header("X-Dltsub-Instance", instance_id)
@@ -248,7 +298,7 @@ impl DltClient {
                 self.http.get(url)
             }
         };
-        let response = request.timeout(timeout).send().await?;
+        let response = self.authorized(request).timeout(timeout).send().await?;
         let status = response.status();
         let body = response.text().await?;
         if !status.is_success() {
@@ -383,6 +433,45 @@ mod tests {
         assert_eq!(
             sawtooth.endpoint("any", "batches").unwrap().as_str(),
             "http://ledger:8008/batches"
+        );
+    }
+
+    /// Credentials in the ledger URL become basic authentication; the URLs the client
+    /// builds (and any error quoting them) and its Debug form carry no password.
+    #[test]
+    fn credentials_leave_the_url() {
+        let client = DltClient::new(
+            "http://ledger%20user:p%40ss-s3cret@ledger:8008/base"
+                .parse()
+                .unwrap(),
+            Dialect::Scabbard,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let url = client.endpoint("c::s", "batches").unwrap();
+        assert_eq!(url.as_str(), "http://ledger:8008/base/scabbard/c/s/batches");
+        let request = client.authorized(client.http.post(url)).build().unwrap();
+        let header = request.headers()[reqwest::header::AUTHORIZATION].clone();
+        assert!(header.is_sensitive());
+        // base64("ledger user:p@ss-s3cret")
+        assert_eq!(header, "Basic bGVkZ2VyIHVzZXI6cEBzcy1zM2NyZXQ=");
+        let debug = format!("{client:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        let plain = DltClient::new(
+            "http://ledger:8008".parse().unwrap(),
+            Dialect::Sawtooth,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let request = plain
+            .authorized(plain.http.get("http://ledger:8008/batches"))
+            .build()
+            .unwrap();
+        assert!(
+            request
+                .headers()
+                .get(reqwest::header::AUTHORIZATION)
+                .is_none()
         );
     }
 }

@@ -3,6 +3,7 @@
 //! and readiness for the load balancer.
 
 mod health;
+pub mod limits;
 pub mod openapi;
 mod sawtooth;
 mod scabbard;
@@ -40,6 +41,8 @@ pub struct ApiState {
     pub max_body_bytes: usize,
     /// What the operator console shows of the configuration (`crate::console`).
     pub console: crate::console::ConsoleSettings,
+    /// The limits every request is checked against (`limits::guard`) and their state.
+    pub limits: Arc<limits::Limits>,
 }
 
 /// The API's router. Every route but the console's is registered with its OpenAPI
@@ -54,6 +57,11 @@ pub fn router(state: ApiState) -> Router {
     ));
     api.merge(crate::console::routes(state.clone()))
         .layer(Extension(document))
+        // Every limit, before any handler (`limits.rs`); the console's reads too.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            limits::guard,
+        ))
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
 }
@@ -77,7 +85,9 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen for the API on {listen}"))?;
     tracing::info!("API on http://{}", listener.local_addr()?);
-    axum::serve(listener, router(state))
+    // With the peer's address, for the rate limit per client.
+    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
         .context("API server")
@@ -85,7 +95,7 @@ pub async fn serve(
 
 /// How often a status `wait` re-reads the database.
 const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(25);
-/// The longest `wait` honoured, whatever the client asks.
+/// The longest `wait` honoured, whatever the client asks and `max_wait` says.
 pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The states of `ids`, re-read until every one is final in dltsub (COMMITTED, INVALID,
@@ -99,7 +109,8 @@ async fn states_after_wait(
     ids: &[&str],
     wait: std::time::Duration,
 ) -> Result<Vec<dltsub_store::BatchState>, dltsub_store::StoreError> {
-    let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+    let deadline =
+        tokio::time::Instant::now() + wait.min(state.limits.settings.max_wait.min(MAX_WAIT));
     loop {
         let states = state.store.batch_states(service_id, ids).await?;
         let all_final = ids.iter().all(|id| {

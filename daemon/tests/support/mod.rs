@@ -32,12 +32,19 @@ pub struct Api {
 }
 
 pub async fn api(backend: TestBackend) -> Api {
-    api_with(backend, |router| router).await
+    api_with(backend, dltsub::api::limits::LimitSettings::default()).await
 }
 
-/// [`api`] serving `extend(router)` instead of the router itself.
-pub async fn api_with(
+/// [`api`] with other limits (`dltsub::api::limits`).
+pub async fn api_with(backend: TestBackend, limits: dltsub::api::limits::LimitSettings) -> Api {
+    api_serving(backend, limits, |router| router).await
+}
+
+/// [`api`] with other limits, serving `extend(router)` instead of the router itself, with
+/// the peers' addresses as `dltsub run` serves it (so the rate limit per client applies).
+pub async fn api_serving(
     backend: TestBackend,
+    limits: dltsub::api::limits::LimitSettings,
     extend: impl FnOnce(axum::Router) -> axum::Router,
 ) -> Api {
     let database = TestDatabase::migrated(backend).await;
@@ -52,10 +59,11 @@ pub async fn api_with(
         api_token: Some(TOKEN.into()),
         max_body_bytes: MAX_BODY,
         console: Default::default(),
+        limits: Arc::new(dltsub::api::limits::Limits::new(limits)),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = extend(router(state));
+    let app = extend(router(state)).into_make_service_with_connect_info::<std::net::SocketAddr>();
     tokio::spawn(async move { axum::serve(listener, app).await });
     Api {
         _database: database,

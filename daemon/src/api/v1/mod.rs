@@ -210,14 +210,21 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
     else {
         return false;
     };
-    // Compare every byte whatever the first difference, so the time taken does not tell
-    // an attacker how much of a guess was right.
-    given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    tokens_match(given, token)
+}
+
+/// Compares the SHA-256 digests of the two tokens, every byte whatever the first
+/// difference: the time taken tells an attacker neither the token's length nor how much of
+/// a guess was right.
+fn tokens_match(given: &str, token: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let given = Sha256::digest(given.as_bytes());
+    let token = Sha256::digest(token.as_bytes());
+    let difference = given
+        .iter()
+        .zip(token.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(difference) == 0
 }
 
 /// `executed | postponed | denied`, answered 200, 202 and 409.
@@ -336,4 +343,30 @@ pub fn check_batch_id(field: &'static str, id: &str) -> Result<(), ApiError> {
 /// Milliseconds from `now_us` to `at_us`; negative when past.
 pub fn millis_until(at_us: i64, now_us: i64) -> i64 {
     (at_us - now_us) / 1_000
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        let token = "test-token-0123456789";
+        assert!(tokens_match(token, token));
+        assert!(!tokens_match("test-token-0123456788", token));
+        assert!(!tokens_match("test-token-012345678", token), "a prefix");
+        assert!(!tokens_match("test-token-01234567890", token), "longer");
+        assert!(!tokens_match("", token));
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        assert!(bearer_matches(&headers, token));
+        headers.insert(
+            header::AUTHORIZATION,
+            format!("Basic {token}").parse().unwrap(),
+        );
+        assert!(!bearer_matches(&headers, token));
+    }
 }
