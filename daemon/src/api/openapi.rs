@@ -74,7 +74,63 @@ impl Modify for BearerScheme {
 /// The document of `router`'s routes, completed with the top-level information.
 pub fn finish(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     document.info.version = env!("CARGO_PKG_VERSION").to_string();
+    add_limit_responses(&mut document);
     document
+}
+
+/// The limits layer (`limits.rs`) answers before any handler, so its refusals are added
+/// to every operation it guards here rather than in each handler's attribute: 429 for the
+/// request rate per client and for waits beyond `max_concurrent_waits`, and 413 for a body
+/// over `max_body_size` (or too many batches or transactions) on every operation with a
+/// body. Each in the error shape of the operation's family. `/healthz` and `/readyz` are
+/// never limited.
+fn add_limit_responses(document: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    for (path, item) in document.paths.paths.iter_mut() {
+        if path == "/healthz" || path == "/readyz" {
+            continue;
+        }
+        let error_schema = if path.starts_with("/api/v1/") {
+            "ErrorBody"
+        } else if path.starts_with("/scabbard/") {
+            "ScabbardErrorBody"
+        } else {
+            "SawtoothErrorBody"
+        };
+        let response = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name(error_schema)))
+                        .build(),
+                )
+                .build()
+        };
+        let operations = [
+            item.get.as_mut(),
+            item.put.as_mut(),
+            item.post.as_mut(),
+            item.delete.as_mut(),
+            item.patch.as_mut(),
+        ];
+        for operation in operations.into_iter().flatten() {
+            let responses = &mut operation.responses.responses;
+            responses.entry("429".into()).or_insert_with(|| {
+                response(
+                    "Too many requests from this client (rate_limit_per_client) or too many \
+                     requests waiting at once (max_concurrent_waits); see Retry-After.",
+                )
+                .into()
+            });
+            if operation.request_body.is_some() {
+                responses.entry("413".into()).or_insert_with(|| {
+                    response("The body is larger than max_body_size.").into()
+                });
+            }
+        }
+    }
 }
 
 /// This document.
