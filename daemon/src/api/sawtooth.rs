@@ -20,7 +20,7 @@ use dltsub_wire::sawtooth::{
 use dltsub_wire::{BatchListError, BatchStatus, OCTET_STREAM, decode_batch_list};
 use serde::Deserialize;
 
-use super::{ApiState, one_list_per_batch, states_after_wait};
+use super::{ApiState, one_list_per_batch, split_ids, states_after_wait};
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -121,16 +121,17 @@ async fn submit(
     }
 }
 
+/// The query of `GET`/`POST /batch_statuses`.
 #[derive(Debug, Deserialize)]
-struct StatusQuery {
-    id: Option<String>,
-    wait: Option<String>,
+pub struct StatusQuery {
+    pub id: Option<String>,
+    pub wait: Option<String>,
 }
 
 /// Sawtooth's `wait`: absent or `false` means no wait; a number of seconds; anything else
 /// (a bare `?wait`) the default.
-fn wait_of(query: &StatusQuery) -> Duration {
-    match query.wait.as_deref() {
+pub fn wait_of(wait: Option<&str>) -> Duration {
+    match wait {
         None | Some("false") => Duration::ZERO,
         Some(text) => Duration::from_secs(text.parse().unwrap_or(DEFAULT_WAIT_SECS)),
     }
@@ -141,18 +142,14 @@ async fn statuses_get(
     Query(query): Query<StatusQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let ids: Vec<String> = query
-        .id
-        .as_deref()
-        .unwrap_or("")
-        .split(',')
-        .filter(|id| !id.is_empty())
+    let ids: Vec<String> = split_ids(query.id.as_deref())
+        .into_iter()
         .map(str::to_string)
         .collect();
     if ids.is_empty() {
         return error(ErrorKind::StatusIdQueryInvalid, "");
     }
-    answer(&state, &ids, wait_of(&query), Some(&headers)).await
+    answer(&state, &ids, wait_of(query.wait.as_deref()), Some(&headers)).await
 }
 
 async fn statuses_post(
@@ -179,7 +176,7 @@ async fn statuses_post(
         return error(ErrorKind::StatusBodyInvalid, "");
     }
     // POSTed status requests carry no link, as on Sawtooth.
-    answer(&state, &ids, wait_of(&query), None).await
+    answer(&state, &ids, wait_of(query.wait.as_deref()), None).await
 }
 
 async fn answer(

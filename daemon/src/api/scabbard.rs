@@ -23,7 +23,7 @@ use dltsub_wire::scabbard::{
 use dltsub_wire::{BatchListError, decode_batch_list};
 use serde::Deserialize;
 
-use super::{ApiState, one_list_per_batch, states_after_wait};
+use super::{ApiState, one_list_per_batch, split_ids, states_after_wait};
 
 pub fn routes() -> Router<ApiState> {
     Router::new()
@@ -95,10 +95,20 @@ async fn submit(
     }
 }
 
+/// The query of `GET /scabbard/{circuit}/{service}/batch_statuses`.
 #[derive(Debug, Deserialize)]
-struct StatusQuery {
-    ids: Option<String>,
-    wait: Option<String>,
+pub struct StatusQuery {
+    pub ids: Option<String>,
+    pub wait: Option<String>,
+}
+
+/// Scabbard's `wait`: absent or `false` means no wait, else whole seconds; `None` for
+/// anything else (answered 400).
+pub fn wait_of(wait: Option<&str>) -> Option<Duration> {
+    match wait {
+        None | Some("false") => Some(Duration::ZERO),
+        Some(text) => text.parse::<u64>().ok().map(Duration::from_secs),
+    }
 }
 
 async fn statuses(
@@ -106,22 +116,12 @@ async fn statuses(
     Path((circuit, service)): Path<(String, String)>,
     Query(query): Query<StatusQuery>,
 ) -> Response {
-    let ids: Vec<&str> = query
-        .ids
-        .as_deref()
-        .unwrap_or("")
-        .split(',')
-        .filter(|id| !id.is_empty())
-        .collect();
+    let ids = split_ids(query.ids.as_deref());
     if ids.is_empty() {
         return error(StatusCode::BAD_REQUEST, MSG_NO_IDS);
     }
-    let wait = match query.wait.as_deref() {
-        None | Some("false") => Duration::ZERO,
-        Some(text) => match text.parse::<u64>() {
-            Ok(secs) => Duration::from_secs(secs),
-            Err(_) => return error(StatusCode::BAD_REQUEST, MSG_INVALID_QUERY),
-        },
+    let Some(wait) = wait_of(query.wait.as_deref()) else {
+        return error(StatusCode::BAD_REQUEST, MSG_INVALID_QUERY);
     };
     let service_id = format!("{circuit}::{service}");
     match states_after_wait(&state, Some(&service_id), &ids, wait).await {

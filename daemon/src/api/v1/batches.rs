@@ -11,10 +11,11 @@ use dltsub_store::{BatchMoveKind, BatchRecord, BatchStatus};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, BatchSummary, Report, ReportState, check_batch_id, parse_wait, timestamp};
+use crate::api::split_ids;
 use crate::api::{ApiState, states_after_wait};
 
 /// Most ids one status request may name.
-const MAX_IDS: usize = 1_000;
+pub const MAX_IDS: usize = 1_000;
 
 pub fn open_routes() -> Router<ApiState> {
     Router::new()
@@ -28,11 +29,12 @@ pub fn guarded_routes() -> Router<ApiState> {
         .route("/api/v1/batches/{batch_id}/requeue", post(requeue))
 }
 
+/// The query of `GET /api/v1/batches`.
 #[derive(Debug, Deserialize)]
-struct StatusesQuery {
-    ids: Option<String>,
-    service_id: Option<String>,
-    wait: Option<String>,
+pub struct StatusesQuery {
+    pub ids: Option<String>,
+    pub service_id: Option<String>,
+    pub wait: Option<String>,
 }
 
 async fn statuses(
@@ -40,28 +42,7 @@ async fn statuses(
     Query(query): Query<StatusesQuery>,
 ) -> Result<Response, ApiError> {
     let wait = parse_wait(query.wait.as_deref())?;
-    let ids: Vec<&str> = query
-        .ids
-        .as_deref()
-        .unwrap_or("")
-        .split(',')
-        .filter(|id| !id.is_empty())
-        .collect();
-    if ids.is_empty() {
-        return Err(ApiError::bad_request(
-            "ids",
-            "give the batch ids as ?ids=a,b (comma-separated)",
-        ));
-    }
-    if ids.len() > MAX_IDS {
-        return Err(ApiError::bad_request(
-            "ids",
-            format!("at most {MAX_IDS} ids per request, not {}", ids.len()),
-        ));
-    }
-    for id in &ids {
-        check_batch_id("ids", id)?;
-    }
+    let ids = parse_ids(query.ids.as_deref())?;
     let service_id = query.service_id.as_deref();
     if !wait.is_zero() {
         states_after_wait(&state, service_id, &ids, wait)
@@ -80,6 +61,27 @@ async fn statuses(
         .collect();
     let batches: Vec<BatchSummary> = found.into_iter().map(BatchSummary::from).collect();
     Ok(Json(serde_json::json!({ "batches": batches, "unknown_ids": unknown_ids })).into_response())
+}
+
+/// The `ids` of `GET /api/v1/batches`: 1 to [`MAX_IDS`] batch ids, comma-separated.
+pub fn parse_ids(text: Option<&str>) -> Result<Vec<&str>, ApiError> {
+    let ids = split_ids(text);
+    if ids.is_empty() {
+        return Err(ApiError::bad_request(
+            "ids",
+            "give the batch ids as ?ids=a,b (comma-separated)",
+        ));
+    }
+    if ids.len() > MAX_IDS {
+        return Err(ApiError::bad_request(
+            "ids",
+            format!("at most {MAX_IDS} ids per request, not {}", ids.len()),
+        ));
+    }
+    for id in &ids {
+        check_batch_id("ids", id)?;
+    }
+    Ok(ids)
 }
 
 #[derive(Debug, Deserialize)]

@@ -22,6 +22,8 @@ use serde::Serialize;
 
 use super::ApiState;
 
+pub use batches::{MAX_IDS, StatusesQuery, parse_ids};
+
 /// The `/api/v1` routes; those that change something or show the cluster's inner
 /// workings sit behind the bearer token when one is configured.
 pub fn routes(state: ApiState) -> Router<ApiState> {
