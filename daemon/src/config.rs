@@ -277,9 +277,11 @@ pub enum ConfigError {
     },
     #[error("{problem}")]
     Inconsistent { problem: String },
-    #[error("unknown key `{key}` in config file {}; known keys: {}", path.display(), known_keys())]
+    // The key and the name are escaped: a quoted TOML key may hold a newline, and every
+    // error is one line.
+    #[error("unknown key `{}` in config file {}; known keys: {}", key.escape_debug(), path.display(), known_keys())]
     UnknownFileKey { key: String, path: PathBuf },
-    #[error("unknown environment variable {name}; known: {}", known_env_vars())]
+    #[error("unknown environment variable {}; known: {}", name.escape_debug(), known_env_vars())]
     UnknownEnvVar { name: String },
     #[error("config file {}: {problem}", path.display())]
     File { path: PathBuf, problem: String },
@@ -954,6 +956,14 @@ mod tests {
             .to_string();
         assert!(
             error.starts_with("unknown key `bogus` in config file dltsub.toml"),
+            "{error}"
+        );
+        // A quoted key may hold a newline; the error stays one line.
+        let error = Config::from_toml_str("\"fast\\nexpiry\" = \"5s\"\n", path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("unknown key `fast\\nexpiry` in config file"),
             "{error}"
         );
         let example = include_str!("../../deploy/dltsub.toml");
