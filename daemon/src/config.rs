@@ -331,9 +331,11 @@ pub enum ConfigError {
     },
     #[error("{problem}")]
     Inconsistent { problem: String },
-    #[error("unknown key `{key}` in config file {}; known keys: {}", path.display(), known_keys())]
+    // The key and the name are escaped: a quoted TOML key may hold a newline, and every
+    // error is one line.
+    #[error("unknown key `{}` in config file {}; known keys: {}", key.escape_debug(), path.display(), known_keys())]
     UnknownFileKey { key: String, path: PathBuf },
-    #[error("unknown environment variable {name}; known: {}", known_env_vars())]
+    #[error("unknown environment variable {}; known: {}", name.escape_debug(), known_env_vars())]
     UnknownEnvVar { name: String },
     #[error("config file {}: {problem}", path.display())]
     File { path: PathBuf, problem: String },
@@ -568,6 +570,20 @@ impl Config {
         Self::from_values(values)
     }
 
+    /// The configuration a TOML file's `text` gives on its own: defaults, then the file's
+    /// keys, validated like [`Config::load`] (no environment, no flags). `path` only names
+    /// the file in errors and in [`Config::render`]. The fuzz target `config` feeds it.
+    pub fn from_toml_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let mut values: RawValues = KEYS
+            .iter()
+            .map(|key| (key.name, (key.default.to_string(), Origin::Default)))
+            .collect();
+        for (name, value) in parse_file(text, path)? {
+            values.insert(name, (value, Origin::File(path.to_path_buf())));
+        }
+        Self::from_values(values)
+    }
+
     fn from_values(values: RawValues) -> Result<Self, ConfigError> {
         let get = |name: &'static str| -> Field<'_> {
             let (text, origin) = &values[name];
@@ -756,6 +772,10 @@ impl Config {
     }
 }
 
+/// The longest duration any key accepts. Longer is a typo, and would overflow: three
+/// renew intervals in the consistency check, an `Instant` plus a timeout at run time.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// One key's raw value on its way to a type.
 struct Field<'a> {
     name: &'static str,
@@ -794,13 +814,23 @@ impl Field<'_> {
         if duration.is_zero() {
             return Err(self.error("must be longer than zero"));
         }
-        Ok(duration)
+        self.at_most_max(duration)
     }
 
     /// A duration that may be zero ("0s": the feature is off).
     fn duration_or_zero(&self) -> Result<Duration, ConfigError> {
-        humantime::parse_duration(self.text)
-            .map_err(|error| self.error(format!("not a duration like \"0s\" or \"5s\": {error}")))
+        let duration = humantime::parse_duration(self.text).map_err(|error| {
+            self.error(format!("not a duration like \"0s\" or \"5s\": {error}"))
+        })?;
+        self.at_most_max(duration)
+    }
+
+    fn at_most_max(&self, duration: Duration) -> Result<Duration, ConfigError> {
+        if duration > MAX_DURATION {
+            // humantime would print a year as "11months 30days 3h 50m 24s".
+            return Err(self.error("must be at most 365days"));
+        }
+        Ok(duration)
     }
 
     fn positive_integer(&self) -> Result<u32, ConfigError> {
@@ -883,11 +913,20 @@ impl Field<'_> {
 
 /// Reads the flat TOML file into key → text, rejecting unknown keys and wrong types.
 fn read_file(path: &Path) -> Result<Vec<(&'static str, String)>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::File {
+        path: path.to_path_buf(),
+        problem: error.to_string(),
+    })?;
+    parse_file(&text, path)
+}
+
+/// The flat TOML `text` of the file `path` as key → text, rejecting unknown keys and wrong
+/// types.
+fn parse_file(text: &str, path: &Path) -> Result<Vec<(&'static str, String)>, ConfigError> {
     let file_error = |problem: String| ConfigError::File {
         path: path.to_path_buf(),
         problem,
     };
-    let text = std::fs::read_to_string(path).map_err(|error| file_error(error.to_string()))?;
     let table: toml::Table = text.parse().map_err(|error: toml::de::Error| {
         let line = error
             .span()
@@ -987,6 +1026,60 @@ mod tests {
             .to_string();
         assert!(error.starts_with("renew_interval = \"banana\" (from environment DLTSUB_RENEW_INTERVAL): not a duration"), "{error}");
         assert!(!error.contains('\n'));
+    }
+
+    #[test]
+    fn durations_too_long_are_refused_not_overflowed() {
+        // Three renew intervals overflowed Duration in the consistency check (a panic at
+        // start-up); so would an Instant plus such a duration at run time.
+        let path = Path::new("dltsub.toml");
+        let error = Config::from_toml_str("renew_interval = \"7000000000000000000s\"\n", path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("renew_interval = \"7000000000000000000s\" (from config file dltsub.toml): must be at most"),
+            "{error}"
+        );
+        let error = load(&[("shutdown_delay", "400days")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("must be at most 365days"), "{error}");
+        load(&[("shutdown_delay", "365days")], &[]).expect("a year is the longest");
+    }
+
+    #[test]
+    fn from_toml_str_layers_the_file_over_the_defaults() {
+        let path = Path::new("dltsub.toml");
+        let config = Config::from_toml_str(
+            "fast_expiry = \"6s\"\nrenew_interval = \"1s\"\ninstance_capacity = 7\n",
+            path,
+        )
+        .unwrap();
+        assert_eq!(config.fast_expiry, Duration::from_secs(6));
+        assert_eq!(config.slow_expiry, Duration::from_secs(60));
+        assert_eq!(config.instance_capacity, 7);
+        assert!(
+            config
+                .render()
+                .contains("instance_capacity = 7  # config file dltsub.toml")
+        );
+        let error = Config::from_toml_str("bogus = 1\n", path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("unknown key `bogus` in config file dltsub.toml"),
+            "{error}"
+        );
+        // A quoted key may hold a newline; the error stays one line.
+        let error = Config::from_toml_str("\"fast\\nexpiry\" = \"5s\"\n", path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("unknown key `fast\\nexpiry` in config file"),
+            "{error}"
+        );
+        let example = include_str!("../../deploy/dltsub.toml");
+        Config::from_toml_str(example, path).expect("the example configuration is valid");
     }
 
     #[test]

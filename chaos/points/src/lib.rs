@@ -174,14 +174,17 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
     })
 }
 
+/// `<n>ms` or `<n>s`, at most `u64::MAX` milliseconds: a rule prints its stall in
+/// milliseconds (the report lines), and what it prints must parse back.
 fn parse_duration(text: &str) -> Option<std::time::Duration> {
     let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
     let number: u64 = number.parse().ok()?;
-    match unit {
-        "ms" => Some(std::time::Duration::from_millis(number)),
-        "s" => Some(std::time::Duration::from_secs(number)),
-        _ => None,
-    }
+    let millis = match unit {
+        "ms" => number,
+        "s" => number.checked_mul(1_000)?,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_millis(millis))
 }
 
 /// The failure a point injects: the caller takes the path it takes for a real error there.
@@ -382,6 +385,9 @@ mod tests {
             ]
         );
         assert_eq!(parse_plan("").unwrap(), vec![]);
+        // The longest stall there is prints and parses back.
+        let longest = parse_plan("E1.after=stall:18446744073709551615ms").unwrap();
+        assert_eq!(parse_plan(&longest[0].to_string()).unwrap(), longest);
         let reparsed = parse_plan(&printed.join(",")).unwrap();
         assert_eq!(reparsed, rules);
     }
@@ -394,6 +400,9 @@ mod tests {
             ("E6.after@0=stop", "not a count"),
             ("E6.after=explode", "unknown action"),
             ("E6.after=stall:soon", "not a duration"),
+            // Found by the chaos_plan fuzz target: printed in milliseconds, this stall
+            // would not parse back.
+            ("E6.before=stall:44444444444444445s", "not a duration"),
             ("E6.after", "expected POINT"),
         ] {
             let error = parse_plan(plan).unwrap_err();

@@ -5,8 +5,8 @@
 mod health;
 pub mod limits;
 pub mod openapi;
-mod sawtooth;
-mod scabbard;
+pub mod sawtooth;
+pub mod scabbard;
 pub mod v1;
 
 use std::net::SocketAddr;
@@ -130,9 +130,18 @@ async fn states_after_wait(
     }
 }
 
+/// The ids of a status query's comma-separated id list (`?ids=a,b`, `?id=a,b`), in the
+/// order given, empty items skipped; no id (absent or only commas) is an empty list.
+pub fn split_ids(text: Option<&str>) -> Vec<&str> {
+    text.unwrap_or("")
+        .split(',')
+        .filter(|id| !id.is_empty())
+        .collect()
+}
+
 /// Each batch of a POSTed list, stored as a BatchList of its own: what dltsub POSTs to the
 /// ledger, alone or concatenated with the next ones of its service.
-fn one_list_per_batch(list: dltsub_wire::BatchList) -> Vec<dltsub_store::NewBatch> {
+pub fn one_list_per_batch(list: dltsub_wire::BatchList) -> Vec<dltsub_store::NewBatch> {
     use prost::Message;
     list.batches
         .into_iter()

@@ -24,7 +24,7 @@ use utoipa_axum::routes;
 use super::openapi::{
     BatchListBody, Link, SawtoothBatchStatuses, SawtoothErrorBody, SawtoothIds, TAG_SAWTOOTH,
 };
-use super::{ApiState, one_list_per_batch, states_after_wait};
+use super::{ApiState, one_list_per_batch, split_ids, states_after_wait};
 
 pub fn routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::new()
@@ -159,24 +159,25 @@ async fn submit(
     }
 }
 
+/// The query of `GET`/`POST /batch_statuses`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-struct StatusQuery {
+pub struct StatusQuery {
     /// The batch ids, comma-separated, lower case (GET only; a POST names them in its body).
     #[param(
         pattern = "^,*[0-9a-f]{128}(,+[0-9a-f]{128})*,*$",
         example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"
     )]
-    id: Option<String>,
+    pub id: Option<String>,
     /// Seconds to wait for every batch to be final (at most 300); `false` or absent: no
     /// wait; anything else: 285.
-    wait: Option<String>,
+    pub wait: Option<String>,
 }
 
 /// Sawtooth's `wait`: absent or `false` means no wait; a number of seconds; anything else
 /// (a bare `?wait`) the default.
-fn wait_of(query: &StatusQuery) -> Duration {
-    match query.wait.as_deref() {
+pub fn wait_of(wait: Option<&str>) -> Duration {
+    match wait {
         None | Some("false") => Duration::ZERO,
         Some(text) => Duration::from_secs(text.parse().unwrap_or(DEFAULT_WAIT_SECS)),
     }
@@ -204,18 +205,14 @@ async fn statuses_get(
         Ok(Query(query)) => query,
         Err(rejection) => return query_refused(rejection),
     };
-    let ids: Vec<String> = query
-        .id
-        .as_deref()
-        .unwrap_or("")
-        .split(',')
-        .filter(|id| !id.is_empty())
+    let ids: Vec<String> = split_ids(query.id.as_deref())
+        .into_iter()
         .map(str::to_string)
         .collect();
     if ids.is_empty() {
         return error(ErrorKind::StatusIdQueryInvalid, "");
     }
-    answer(&state, &ids, wait_of(&query), Some(&headers)).await
+    answer(&state, &ids, wait_of(query.wait.as_deref()), Some(&headers)).await
 }
 
 /// The statuses of the batches the JSON array in the body names.
@@ -262,7 +259,7 @@ async fn statuses_post(
         return error(ErrorKind::StatusBodyInvalid, "");
     }
     // POSTed status requests carry no link, as on Sawtooth.
-    answer(&state, &ids, wait_of(&query), None).await
+    answer(&state, &ids, wait_of(query.wait.as_deref()), None).await
 }
 
 async fn answer(

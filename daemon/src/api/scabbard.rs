@@ -25,7 +25,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::openapi::{BatchListBody, Link, ScabbardErrorBody, TAG_SCABBARD};
-use super::{ApiState, one_list_per_batch, states_after_wait};
+use super::{ApiState, one_list_per_batch, split_ids, states_after_wait};
 
 pub fn routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::new()
@@ -119,18 +119,28 @@ async fn submit(
     }
 }
 
+/// The query of `GET /scabbard/{circuit}/{service}/batch_statuses`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-struct StatusQuery {
+pub struct StatusQuery {
     /// The batch ids, comma-separated.
     #[param(
         required = true,
         pattern = "[^,]",
         example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"
     )]
-    ids: Option<String>,
+    pub ids: Option<String>,
     /// Seconds to wait for every batch to be final (at most 300); `false`: no wait.
-    wait: Option<String>,
+    pub wait: Option<String>,
+}
+
+/// Scabbard's `wait`: absent or `false` means no wait, else whole seconds; `None` for
+/// anything else (answered 400).
+pub fn wait_of(wait: Option<&str>) -> Option<Duration> {
+    match wait {
+        None | Some("false") => Some(Duration::ZERO),
+        Some(text) => text.parse::<u64>().ok().map(Duration::from_secs),
+    }
 }
 
 /// The statuses of the batches `ids` names, in scabbard's JSON; unknown ids read Unknown.
@@ -164,22 +174,12 @@ async fn statuses(
     let Ok(Query(query)) = query else {
         return error(StatusCode::BAD_REQUEST, MSG_INVALID_QUERY);
     };
-    let ids: Vec<&str> = query
-        .ids
-        .as_deref()
-        .unwrap_or("")
-        .split(',')
-        .filter(|id| !id.is_empty())
-        .collect();
+    let ids = split_ids(query.ids.as_deref());
     if ids.is_empty() {
         return error(StatusCode::BAD_REQUEST, MSG_NO_IDS);
     }
-    let wait = match query.wait.as_deref() {
-        None | Some("false") => Duration::ZERO,
-        Some(text) => match text.parse::<u64>() {
-            Ok(secs) => Duration::from_secs(secs),
-            Err(_) => return error(StatusCode::BAD_REQUEST, MSG_INVALID_QUERY),
-        },
+    let Some(wait) = wait_of(query.wait.as_deref()) else {
+        return error(StatusCode::BAD_REQUEST, MSG_INVALID_QUERY);
     };
     let service_id = format!("{circuit}::{service}");
     match states_after_wait(&state, Some(&service_id), &ids, wait).await {

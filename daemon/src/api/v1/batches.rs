@@ -16,10 +16,11 @@ use super::{
     parse_wait, timestamp,
 };
 use crate::api::openapi::TAG_V1;
+use crate::api::split_ids;
 use crate::api::{ApiState, states_after_wait};
 
 /// Most ids one status request may name.
-const MAX_IDS: usize = 1_000;
+pub const MAX_IDS: usize = 1_000;
 
 pub fn open_routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::new()
@@ -33,20 +34,21 @@ pub fn guarded_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(requeue))
 }
 
+/// The query of `GET /api/v1/batches`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-struct StatusesQuery {
+pub struct StatusesQuery {
     /// The batch ids, comma-separated (at most 1,000; each 128 hexadecimal characters).
     #[param(
         required = true,
         pattern = "^,*[0-9a-fA-F]{128}(,+[0-9a-fA-F]{128})*,*$",
         example = "abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab"
     )]
-    ids: Option<String>,
+    pub ids: Option<String>,
     /// Only batches of this service.
-    service_id: Option<String>,
+    pub service_id: Option<String>,
     /// Answer once every batch is final or after this long (`30s`, `500ms`; at most 5m).
-    wait: Option<String>,
+    pub wait: Option<String>,
 }
 
 /// `{"batches": [...], "unknown_ids": [...]}`.
@@ -75,28 +77,7 @@ async fn statuses(
     ApiQuery(query): ApiQuery<StatusesQuery>,
 ) -> Result<Response, ApiError> {
     let wait = parse_wait(query.wait.as_deref())?;
-    let ids: Vec<&str> = query
-        .ids
-        .as_deref()
-        .unwrap_or("")
-        .split(',')
-        .filter(|id| !id.is_empty())
-        .collect();
-    if ids.is_empty() {
-        return Err(ApiError::bad_request(
-            "ids",
-            "give the batch ids as ?ids=a,b (comma-separated)",
-        ));
-    }
-    if ids.len() > MAX_IDS {
-        return Err(ApiError::bad_request(
-            "ids",
-            format!("at most {MAX_IDS} ids per request, not {}", ids.len()),
-        ));
-    }
-    for id in &ids {
-        check_batch_id("ids", id)?;
-    }
+    let ids = parse_ids(query.ids.as_deref())?;
     let service_id = query.service_id.as_deref();
     if !wait.is_zero() {
         states_after_wait(&state, service_id, &ids, wait)
@@ -119,6 +100,27 @@ async fn statuses(
         unknown_ids,
     })
     .into_response())
+}
+
+/// The `ids` of `GET /api/v1/batches`: 1 to [`MAX_IDS`] batch ids, comma-separated.
+pub fn parse_ids(text: Option<&str>) -> Result<Vec<&str>, ApiError> {
+    let ids = split_ids(text);
+    if ids.is_empty() {
+        return Err(ApiError::bad_request(
+            "ids",
+            "give the batch ids as ?ids=a,b (comma-separated)",
+        ));
+    }
+    if ids.len() > MAX_IDS {
+        return Err(ApiError::bad_request(
+            "ids",
+            format!("at most {MAX_IDS} ids per request, not {}", ids.len()),
+        ));
+    }
+    for id in &ids {
+        check_batch_id("ids", id)?;
+    }
+    Ok(ids)
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -25,6 +25,8 @@ use utoipa_axum::router::OpenApiRouter;
 
 use super::ApiState;
 
+pub use batches::{MAX_IDS, StatusesQuery, parse_ids};
+
 /// The `/api/v1` routes; those that change something or show the cluster's inner
 /// workings sit behind the bearer token when one is configured.
 pub fn routes(state: ApiState) -> OpenApiRouter<ApiState> {
