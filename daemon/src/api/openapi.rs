@@ -125,9 +125,9 @@ fn add_limit_responses(document: &mut utoipa::openapi::OpenApi) {
                 .into()
             });
             if operation.request_body.is_some() {
-                responses.entry("413".into()).or_insert_with(|| {
-                    response("The body is larger than max_body_size.").into()
-                });
+                responses
+                    .entry("413".into())
+                    .or_insert_with(|| response("The body is larger than max_body_size.").into());
             }
         }
     }
