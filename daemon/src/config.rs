@@ -930,7 +930,9 @@ fn parse_file(text: &str, path: &Path) -> Result<Vec<(&'static str, String)>, Co
     let table: toml::Table = text.parse().map_err(|error: toml::de::Error| {
         let line = error
             .span()
-            .map(|span| text[..span.start].lines().count().max(1))
+            // One more than the newlines before the error (`lines()` is one short when
+            // the error starts a line).
+            .map(|span| text[..span.start].matches('\n').count() + 1)
             .unwrap_or(0);
         file_error(format!(
             "invalid TOML at line {line}: {}",
@@ -1195,6 +1197,13 @@ mod tests {
             .to_string();
         assert!(error.contains("invalid TOML at line 1"), "{error}");
         assert!(!error.contains('\n'), "{error}");
+
+        // An error at the very start of a line names that line, not the one before.
+        std::fs::write(&path, "fast_expiry = \"5s\"\nslow_expiry = \"60s\"\n= 3\n").unwrap();
+        let error = Config::load_from(&args, Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("invalid TOML at line 3"), "{error}");
     }
 
     #[test]
