@@ -10,7 +10,7 @@ use dltsub_store::NewBatch;
 use dltsub_store::testing::{TestBackend, TestDatabase};
 use dltsub_wire::{Batch, BatchList, Transaction};
 use prost::Message;
-use support::process::{Process, free_port};
+use support::process::{Process, free_port, spawn_devnet, wait_for_http};
 
 fn batch(n: u64) -> NewBatch {
     let batch_id = format!("{:0>128}", format!("{n:x}a"));
@@ -32,19 +32,6 @@ fn batch(n: u64) -> NewBatch {
     }
 }
 
-async fn wait_for_http(url: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(response) = reqwest::get(url).await
-            && response.status().is_success()
-        {
-            return response.text().await.unwrap();
-        }
-        assert!(Instant::now() < deadline, "{url} did not answer");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// A real `dltsub run` against a real `dltsub devnet`: 30 batches over 3 services, sent to
 /// dltsub's API as a scabbard client would send them to the ledger, are committed;
 /// `/metrics` carries the submission counters and the scrape-time backlog gauges; SIGTERM
@@ -61,21 +48,7 @@ async fn run_submits_serves_metrics_and_stops_on_sigterm() {
             .unwrap();
     }
     let devnet_port = free_port();
-    let _devnet = Process(
-        Command::new(env!("CARGO_BIN_EXE_dltsub"))
-            .args([
-                "devnet",
-                "--listen",
-                &format!("127.0.0.1:{devnet_port}"),
-                "--commit-latency",
-                "10ms",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_http(&format!("http://127.0.0.1:{devnet_port}/_devnet/stats")).await;
+    let _devnet = spawn_devnet(devnet_port, "10ms").await;
 
     let metrics_port = free_port();
     let api_port = free_port();

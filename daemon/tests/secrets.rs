@@ -6,29 +6,18 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dltsub_store::Store;
 use dltsub_store::testing::{TestBackend, TestDatabase};
-use support::process::{Process, free_port};
+use support::process::{Process, free_port, spawn_devnet, wait_for_http};
 use support::{batch, list};
 
 const API_TOKEN: &str = "tok-S3cret-8c1f0e7a93b24d55";
 const DLT_USER: &str = "ledgeruser";
 const DLT_PASSWORD: &str = "dltPass-4b7e19c2aa";
 const DB_PASSWORD: &str = "pgPass-5d2a8e61f0c3";
-
-async fn wait_for_http(url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !reqwest::get(url)
-        .await
-        .is_ok_and(|response| response.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "{url} did not answer");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// The test database's URL with `DB_PASSWORD` as its password, if the server accepts it
 /// (a local server trusting 127.0.0.1 accepts any); else the configured URL and its own
@@ -97,21 +86,7 @@ async fn no_secret_in_logs_or_config_output() {
 
     let devnet_port = free_port();
     let devnet_address = format!("127.0.0.1:{devnet_port}");
-    let mut devnet = Process(
-        Command::new(env!("CARGO_BIN_EXE_dltsub"))
-            .args([
-                "devnet",
-                "--listen",
-                &devnet_address,
-                "--commit-latency",
-                "1h",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_http(&format!("http://{devnet_address}/_devnet/stats")).await;
+    let mut devnet = spawn_devnet(devnet_port, "1h").await;
 
     let api_port = free_port();
     let metrics_port = free_port();

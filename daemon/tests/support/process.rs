@@ -2,7 +2,8 @@
 //! test stopped it) when the test ends, and free ports to give it.
 
 use std::net::TcpListener;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// A child process killed and reaped when dropped, so no test leaves one behind.
 pub struct Process(pub Child);
@@ -25,4 +26,38 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A `dltsub devnet` on `127.0.0.1:port` committing after `commit_latency`, once it answers.
+pub async fn spawn_devnet(port: u16, commit_latency: &str) -> Process {
+    let devnet = Process(
+        Command::new(env!("CARGO_BIN_EXE_dltsub"))
+            .args([
+                "devnet",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--commit-latency",
+                commit_latency,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_http(&format!("http://127.0.0.1:{port}/_devnet/stats")).await;
+    devnet
+}
+
+/// The body of the first 2xx answer of `url`, asked every 100 ms for up to 30 s.
+pub async fn wait_for_http(url: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(response) = reqwest::get(url).await
+            && response.status().is_success()
+        {
+            return response.text().await.unwrap();
+        }
+        assert!(Instant::now() < deadline, "{url} did not answer");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
